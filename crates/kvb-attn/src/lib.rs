@@ -1,0 +1,47 @@
+//! # kvb-attn: attention over a K/V cache with explicit query slots
+//!
+//! kvb reuses K/V computed earlier, so its attention must let queries sit anywhere in a longer K/V
+//! sequence, not only at its start. This crate provides that attention in plain burn tensor ops, so
+//! every backend (ndarray, wgpu, CUDA) runs the same code.
+//!
+//! Promises (proved by `tests/attention_matches_naive.rs` against a per-element implementation):
+//! - **Offset queries.** With [`Visibility::Causal`], `n` queries over `t` keys sit at slots
+//!   `[t - n, t)`: query `i` sees keys `[0, t - n + i]` (the bottom-right-aligned causal mask).
+//! - **Arbitrary slots.** With [`Visibility::UpToSlot`], query `i` sees keys `[0, slot_i]`; this is
+//!   what sparse recompute needs, where the recomputed tokens are scattered through the prompt.
+//! - **Grouped-query attention** without materialising repeated K/V: q heads are grouped by the kv
+//!   head they share (q head `h` uses kv head `h / (q_heads / kv_heads)`, as HF's `repeat_kv`).
+//! - **Extra mask.** An optional `[n, t]` boolean mask (`true` = blocked) narrows what each query sees.
+//! - Bad shapes and rows with nothing visible are errors, never panics or NaNs.
+//!
+//! ```
+//! use burn::backend::NdArray;
+//! use burn::tensor::{Distribution, Tensor};
+//! use kvb_attn::{attention, Visibility};
+//!
+//! let dev = Default::default();
+//! // 4 query heads share 2 kv heads; 3 new queries attend to 10 cached + new keys.
+//! let q = Tensor::<NdArray, 4>::random([1, 4, 3, 8], Distribution::Default, &dev);
+//! let k = Tensor::<NdArray, 4>::random([1, 2, 10, 8], Distribution::Default, &dev);
+//! let v = Tensor::<NdArray, 4>::random([1, 2, 10, 8], Distribution::Default, &dev);
+//! let out = attention(q, k, v, &Visibility::Causal, None, 8f32.powf(-0.5)).unwrap();
+//! assert_eq!(out.dims(), [1, 4, 3, 8]);
+//! ```
+#![warn(missing_docs)]
+
+mod mask;
+mod reference;
+
+pub use mask::Visibility;
+pub use reference::attention;
+
+/// Everything that can go wrong when calling attention.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AttnError {
+    /// The tensors' shapes do not fit together.
+    #[error("attention shape mismatch: {0}")]
+    Shape(String),
+    /// A visibility description does not fit the number of queries or keys.
+    #[error("attention visibility: {0}")]
+    Visibility(String),
+}

@@ -1,0 +1,154 @@
+//! Prefill and decode speed of the default model on the CPU backend, set against the f32 matmul
+//! rate this machine reaches at the model's own shapes, measured in the same run (machines are
+//! noisy: read the ratio, not the absolute numbers). Medians of several runs.
+//!
+//! Run with `cargo xtask bench model`.
+
+use burn::tensor::{Distribution, Tensor};
+use kvb_model::backends::Cpu;
+use kvb_model::fetch::{ensure_default_model, models_dir};
+use kvb_model::generate::{decode, logits_to_vec, GenerateParams, Sampler};
+use kvb_model::{load_pretrained, LoadOptions, LogitsFor, ModelConfig};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// FLOPs of the linear layers for one token (q/k/v, o, gate/up, down, in every layer).
+fn linear_flops_per_token(c: &ModelConfig) -> f64 {
+    let (h, i) = (c.hidden_size as f64, c.intermediate_size as f64);
+    let q = (c.num_heads * c.head_dim) as f64;
+    let kv = c.kv_dim() as f64;
+    2.0 * c.num_layers as f64 * (h * (q + 2.0 * kv) + q * h + h * 2.0 * i + i * h)
+}
+
+/// FLOPs of causal attention (QK^T and PV) over a prompt of `n` tokens.
+fn attention_flops(c: &ModelConfig, n: usize) -> f64 {
+    let pairs = (n * (n + 1) / 2) as f64;
+    4.0 * pairs * (c.num_heads * c.head_dim) as f64 * c.num_layers as f64
+}
+
+/// GFLOP/s of `[rows, k] x [k, n]` products at the model's linear shapes, weighted by their FLOPs.
+fn matmul_rate(c: &ModelConfig, rows: usize) -> f64 {
+    let dev = Default::default();
+    let (h, i) = (c.hidden_size, c.intermediate_size);
+    let shapes = [
+        (h, c.num_heads * c.head_dim + 2 * c.kv_dim()),
+        (c.num_heads * c.head_dim, h),
+        (h, 2 * i),
+        (i, h),
+    ];
+    let (mut flops, mut secs) = (0.0, 0.0);
+    for (k, n) in shapes {
+        let x = Tensor::<Cpu, 2>::random([rows, k], Distribution::Default, &dev);
+        let w = Tensor::<Cpu, 2>::random([k, n], Distribution::Default, &dev);
+        let _ = x.clone().matmul(w.clone()).into_data();
+        let runs: Vec<Duration> = (0..7)
+            .map(|_| {
+                let t = Instant::now();
+                let _ = x.clone().matmul(w.clone()).into_data();
+                t.elapsed()
+            })
+            .collect();
+        flops += 2.0 * (rows * k * n) as f64;
+        secs += median(runs).as_secs_f64();
+    }
+    flops / secs / 1e9
+}
+
+fn main() {
+    let dir = std::env::var_os("KVB_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../..")
+                .join(models_dir())
+        });
+    let paths = ensure_default_model(&dir, &mut |l| eprintln!("{l}")).expect("the default model");
+    let m = load_pretrained::<Cpu>(
+        &paths.hf_dir,
+        LoadOptions::default(),
+        &Default::default(),
+        &mut |_, _| {},
+    )
+    .expect("loading the default model");
+    let c = m.model.config().clone();
+    let text =
+        std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/model/mod.rs"))
+            .expect("source text to tokenize");
+    let corpus = m
+        .tokenizer
+        .encode(&text.repeat(4), false)
+        .expect("tokenize");
+
+    let matmul = matmul_rate(&c, 512);
+    println!("f32 matmul at the model's shapes ([512, k] x [k, n]): {matmul:.1} GFLOP/s");
+    println!();
+    println!(
+        "| prompt tokens | prefill median | tokens/s | model GFLOP/s | share of matmul rate |"
+    );
+    println!("|---:|---:|---:|---:|---:|");
+    for (n, reps) in [(128usize, 7usize), (512, 5), (2048, 3)] {
+        let toks = &corpus[..n];
+        let pos: Vec<usize> = (0..n).collect();
+        let runs: Vec<Duration> = (0..reps)
+            .map(|_| {
+                let mut cache = m.model.new_cache();
+                let t = Instant::now();
+                let out = m
+                    .model
+                    .forward(toks, &pos, &mut cache, LogitsFor::Last)
+                    .expect("prefill");
+                let _ = logits_to_vec(out).expect("logits");
+                t.elapsed()
+            })
+            .collect();
+        let t = median(runs).as_secs_f64();
+        let flops = linear_flops_per_token(&c) * n as f64 + attention_flops(&c, n);
+        let rate = flops / t / 1e9;
+        println!(
+            "| {n} | {:.0} ms | {:.0} | {rate:.1} | {:.0}% |",
+            t * 1e3,
+            n as f64 / t,
+            100.0 * rate / matmul
+        );
+    }
+
+    let prompt = &corpus[..128];
+    let pos: Vec<usize> = (0..128).collect();
+    let params = GenerateParams {
+        max_new_tokens: 65,
+        stop_at_eos: false,
+        ..Default::default()
+    };
+    let runs: Vec<Duration> = (0..3)
+        .map(|_| {
+            let mut cache = m.model.new_cache();
+            let logits = logits_to_vec(
+                m.model
+                    .forward(prompt, &pos, &mut cache, LogitsFor::Last)
+                    .expect("prefill"),
+            )
+            .expect("logits");
+            let mut sampler = Sampler::new(params.sampling.clone());
+            let d = decode(
+                &m.model,
+                &m.tokenizer,
+                &mut cache,
+                logits,
+                128,
+                &params,
+                &mut sampler,
+                &mut |_| {},
+            )
+            .expect("decode");
+            d.decode_time / (d.tokens.len() as u32 - 1)
+        })
+        .collect();
+    let step = median(runs).as_secs_f64();
+    println!();
+    println!("decode after a 128-token prompt: {:.1} ms/token, {:.1} tokens/s (median of 3 runs of 64 steps)", step * 1e3, 1.0 / step);
+}

@@ -1,0 +1,213 @@
+//! Generation: prefill, then one token at a time until EOS, a stop string or the token budget.
+
+mod sampler;
+mod text_stream;
+
+pub use sampler::{argmax, Sampler, SamplingParams};
+pub use text_stream::TextStream;
+
+use crate::error::{ModelError, Result};
+use crate::kv_cache::KvCache;
+use crate::model::{LogitsFor, Model, ModelBackend};
+use crate::tokenizer::Tokenizer;
+use burn::tensor::backend::Backend;
+use burn::tensor::Tensor;
+use std::time::{Duration, Instant};
+
+/// What to generate.
+#[derive(Debug, Clone)]
+pub struct GenerateParams {
+    /// Upper bound on generated tokens.
+    pub max_new_tokens: usize,
+    /// Greedy or sampled.
+    pub sampling: SamplingParams,
+    /// Generation stops when the text contains one of these; it is not part of the output.
+    pub stop_strings: Vec<String>,
+    /// Whether an end-of-sequence token stops generation.
+    pub stop_at_eos: bool,
+}
+
+impl Default for GenerateParams {
+    fn default() -> Self {
+        GenerateParams {
+            max_new_tokens: 64,
+            sampling: SamplingParams::default(),
+            stop_strings: Vec::new(),
+            stop_at_eos: true,
+        }
+    }
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// An end-of-sequence token was produced.
+    Eos,
+    /// A stop string appeared in the text.
+    StopString,
+    /// `max_new_tokens` were produced.
+    MaxTokens,
+    /// The model's context is full.
+    ContextFull,
+}
+
+/// One streamed step: the token and the text it made final (possibly empty).
+#[derive(Debug, Clone, Copy)]
+pub struct StreamEvent<'a> {
+    /// The token just generated.
+    pub token: u32,
+    /// Text that became final with it.
+    pub text: &'a str,
+}
+
+/// The outcome of a decode loop.
+#[derive(Debug, Clone)]
+pub struct Decoded {
+    /// Generated token ids (an EOS that stopped generation included).
+    pub tokens: Vec<u32>,
+    /// Generated text, without special tokens or a stop string.
+    pub text: String,
+    /// Why it stopped.
+    pub stop: StopReason,
+    /// Time spent in decode steps (every token after the first).
+    pub decode_time: Duration,
+}
+
+/// A full generation from a prompt, with its timings.
+#[derive(Debug, Clone)]
+pub struct Generation {
+    /// The decode outcome.
+    pub decoded: Decoded,
+    /// Prompt length in tokens.
+    pub prompt_tokens: usize,
+    /// From the call to the moment the first token id was known (prefill and first sampling).
+    pub ttft: Duration,
+    /// From the call to the end.
+    pub total: Duration,
+}
+
+/// The tokens that end a sequence: the config's EOS ids and the tokenizer's EOS token.
+pub fn eos_ids(model_eos: &[u32], tokenizer: &Tokenizer) -> Vec<u32> {
+    let mut ids = model_eos.to_vec();
+    if let Some(id) = tokenizer.eos_token().and_then(|t| tokenizer.token_id(t)) {
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    ids
+}
+
+/// The values of a `[1, vocab]` logits tensor on the host.
+pub fn logits_to_vec<B: Backend>(logits: Tensor<B, 2>) -> Result<Vec<f32>> {
+    logits
+        .into_data()
+        .convert::<f32>()
+        .to_vec::<f32>()
+        .map_err(|e| ModelError::Forward(format!("cannot read logits: {e:?}")))
+}
+
+/// Continues a sequence whose prompt already sits in `cache`, starting from the logits of its
+/// last position. New tokens take positions `next_position..` and are appended to `cache`.
+#[allow(clippy::too_many_arguments)]
+pub fn decode<B: ModelBackend>(
+    model: &Model<B>,
+    tokenizer: &Tokenizer,
+    cache: &mut KvCache<B>,
+    first_logits: Vec<f32>,
+    next_position: usize,
+    params: &GenerateParams,
+    sampler: &mut Sampler,
+    on_token: &mut dyn FnMut(StreamEvent<'_>),
+) -> Result<Decoded> {
+    let eos = eos_ids(&model.config().eos_token_ids, tokenizer);
+    let mut stream = TextStream::new(tokenizer, &params.stop_strings);
+    let mut tokens = Vec::new();
+    let mut logits = first_logits;
+    let mut position = next_position;
+    let mut decode_time = Duration::ZERO;
+    let stop = loop {
+        if tokens.len() >= params.max_new_tokens {
+            break StopReason::MaxTokens;
+        }
+        let token = sampler.sample(&logits);
+        tokens.push(token);
+        if params.stop_at_eos && eos.contains(&token) {
+            on_token(StreamEvent { token, text: "" });
+            break StopReason::Eos;
+        }
+        let piece = stream.push(token)?;
+        on_token(StreamEvent {
+            token,
+            text: &piece,
+        });
+        if stream.stopped() {
+            break StopReason::StopString;
+        }
+        if tokens.len() >= params.max_new_tokens {
+            break StopReason::MaxTokens;
+        }
+        if position >= model.config().max_position_embeddings {
+            break StopReason::ContextFull;
+        }
+        let t = Instant::now();
+        let out = model.forward(&[token], &[position], cache, LogitsFor::Last)?;
+        logits = logits_to_vec(out)?;
+        decode_time += t.elapsed();
+        position += 1;
+    };
+    let rest = stream.finish();
+    if !rest.is_empty() {
+        on_token(StreamEvent {
+            token: *tokens.last().unwrap_or(&0),
+            text: &rest,
+        });
+    }
+    Ok(Decoded {
+        tokens,
+        text: stream.text().to_string(),
+        stop,
+        decode_time,
+    })
+}
+
+/// Prefills `prompt` at positions `0..` into a fresh cache and generates from it.
+pub fn generate<B: ModelBackend>(
+    model: &Model<B>,
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+    params: &GenerateParams,
+    on_token: &mut dyn FnMut(StreamEvent<'_>),
+) -> Result<Generation> {
+    let start = Instant::now();
+    let max = model.config().max_position_embeddings;
+    if prompt.len() >= max {
+        return Err(ModelError::Forward(format!(
+            "the prompt has {} tokens; the model's context holds {max}",
+            prompt.len()
+        )));
+    }
+    let mut cache = model.new_cache();
+    let positions: Vec<usize> = (0..prompt.len()).collect();
+    let logits = logits_to_vec(model.forward(prompt, &positions, &mut cache, LogitsFor::Last)?)?;
+    let mut sampler = Sampler::new(params.sampling.clone());
+    let mut ttft = None;
+    let decoded = decode(
+        model,
+        tokenizer,
+        &mut cache,
+        logits,
+        prompt.len(),
+        params,
+        &mut sampler,
+        &mut |event| {
+            ttft.get_or_insert_with(|| start.elapsed());
+            on_token(event)
+        },
+    )?;
+    Ok(Generation {
+        decoded,
+        prompt_tokens: prompt.len(),
+        ttft: ttft.unwrap_or_else(|| start.elapsed()),
+        total: start.elapsed(),
+    })
+}

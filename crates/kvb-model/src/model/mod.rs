@@ -1,0 +1,381 @@
+//! The Llama-layout transformer: load from any [`TensorSource`], run at explicit positions.
+
+mod backend_ops;
+mod layers;
+
+pub use backend_ops::ModelBackend;
+pub use layers::{activate, Linear, RmsNorm};
+
+use crate::config::{Family, ModelConfig};
+use crate::error::{ModelError, Result};
+use crate::kv_cache::KvCache;
+use crate::rope::{Rope, RopeTables};
+use crate::weights::{HostTensor, TensorSource, WeightLoader};
+use burn::tensor::{Int, Tensor, TensorData};
+use kvb_attn::{attention, Visibility};
+
+/// Which positions of a forward pass get logits. Projecting every prefill position through a
+/// 49k-vocabulary head would cost more than a layer, so only what is asked for is computed.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum LogitsFor {
+    /// The last input token (the next-token distribution).
+    #[default]
+    Last,
+    /// Every input token.
+    All,
+    /// These indices into the input tokens.
+    Rows(Vec<usize>),
+    /// None (filling a cache).
+    Nothing,
+}
+
+/// One transformer block.
+#[derive(Debug, Clone)]
+struct Block<B: ModelBackend> {
+    attn_norm: RmsNorm<B>,
+    /// q, k and v fused: `[hidden, (heads + 2 kv_heads) * head_dim]`.
+    qkv: Linear<B>,
+    o: Linear<B>,
+    mlp_norm: RmsNorm<B>,
+    /// gate and up fused: `[hidden, 2 * intermediate]`.
+    gate_up: Linear<B>,
+    down: Linear<B>,
+}
+
+/// A loaded model on a burn backend.
+#[derive(Debug, Clone)]
+pub struct Model<B: ModelBackend> {
+    config: ModelConfig,
+    rope: Rope,
+    /// `[vocab, hidden]`.
+    embed: Tensor<B, 2>,
+    blocks: Vec<Block<B>>,
+    norm: RmsNorm<B>,
+    /// `[hidden, vocab]`, contiguous (a copy of the embedding when tied).
+    lm_head: Linear<B>,
+    device: B::Device,
+}
+
+fn take_vec(loader: &WeightLoader, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+    Ok(loader.take(name, shape)?.data)
+}
+
+impl<B: ModelBackend> Model<B> {
+    /// Builds the model from `source`, checking every tensor's shape and that none is left unused.
+    /// `progress(done, total)` is called after each block.
+    pub fn load(
+        config: &ModelConfig,
+        source: &dyn TensorSource,
+        device: &B::Device,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self> {
+        let c = config;
+        let loader = WeightLoader::new(source);
+        let (h, hd, inter) = (c.hidden_size, c.head_dim, c.intermediate_size);
+        let (q_out, kv_out) = (c.num_heads * hd, c.num_kv_heads * hd);
+        let total = c.num_layers + 2;
+
+        let embed = loader.take("model.embed_tokens.weight", &[c.vocab_size, h])?;
+        let lm_head = if c.tie_word_embeddings {
+            Linear::from_torch(std::slice::from_ref(&embed), None, device)
+        } else {
+            let w = loader.take("lm_head.weight", &[c.vocab_size, h])?;
+            Linear::from_torch(&[w], None, device)
+        };
+        let embed = Tensor::from_data(TensorData::new(embed.data, [c.vocab_size, h]), device);
+        progress(1, total);
+
+        let mut blocks = Vec::with_capacity(c.num_layers);
+        for i in 0..c.num_layers {
+            let p = format!("model.layers.{i}");
+            let norm = |name: &str| -> Result<RmsNorm<B>> {
+                Ok(RmsNorm::new(
+                    take_vec(&loader, &format!("{p}.{name}.weight"), &[h])?,
+                    c.norm_adds_one(),
+                    c.rms_norm_eps,
+                    device,
+                ))
+            };
+            let (qkv_w, qkv_b): (Vec<HostTensor>, Option<Vec<f32>>) = if c.family == Family::Phi3 {
+                let w = loader.take(
+                    &format!("{p}.self_attn.qkv_proj.weight"),
+                    &[q_out + 2 * kv_out, h],
+                )?;
+                let b = loader.take_optional(
+                    &format!("{p}.self_attn.qkv_proj.bias"),
+                    &[q_out + 2 * kv_out],
+                )?;
+                (vec![w], b.map(|b| b.data))
+            } else {
+                let mut ws = Vec::new();
+                let mut bs = Vec::new();
+                for (name, out) in [("q_proj", q_out), ("k_proj", kv_out), ("v_proj", kv_out)] {
+                    ws.push(loader.take(&format!("{p}.self_attn.{name}.weight"), &[out, h])?);
+                    let bias_name = format!("{p}.self_attn.{name}.bias");
+                    if c.attention_bias {
+                        bs.extend(take_vec(&loader, &bias_name, &[out])?);
+                    }
+                }
+                (ws, c.attention_bias.then_some(bs))
+            };
+            let o_w = loader.take(&format!("{p}.self_attn.o_proj.weight"), &[h, q_out])?;
+            let o_b = if c.o_proj_bias {
+                Some(take_vec(
+                    &loader,
+                    &format!("{p}.self_attn.o_proj.bias"),
+                    &[h],
+                )?)
+            } else {
+                None
+            };
+            let gate_up_w = if c.family == Family::Phi3 {
+                // Phi-3 stores gate first, then up: the fused layout kvb uses anyway.
+                vec![loader.take(&format!("{p}.mlp.gate_up_proj.weight"), &[2 * inter, h])?]
+            } else {
+                vec![
+                    loader.take(&format!("{p}.mlp.gate_proj.weight"), &[inter, h])?,
+                    loader.take(&format!("{p}.mlp.up_proj.weight"), &[inter, h])?,
+                ]
+            };
+            let down_w = loader.take(&format!("{p}.mlp.down_proj.weight"), &[h, inter])?;
+            if c.mlp_bias {
+                return Err(ModelError::Unsupported(
+                    "MLP biases (mlp_bias = true)".into(),
+                ));
+            }
+            blocks.push(Block {
+                attn_norm: norm("input_layernorm")?,
+                qkv: Linear::from_torch(&qkv_w, qkv_b, device),
+                o: Linear::from_torch(&[o_w], o_b, device),
+                mlp_norm: norm("post_attention_layernorm")?,
+                gate_up: Linear::from_torch(&gate_up_w, None, device),
+                down: Linear::from_torch(&[down_w], None, device),
+            });
+            progress(i + 2, total);
+        }
+        let norm = RmsNorm::new(
+            take_vec(&loader, "model.norm.weight", &[h])?,
+            c.norm_adds_one(),
+            c.rms_norm_eps,
+            device,
+        );
+        loader.finish()?;
+        progress(total, total);
+        Ok(Model {
+            config: config.clone(),
+            rope: Rope::new(config),
+            embed,
+            blocks,
+            norm,
+            lm_head,
+            device: device.clone(),
+        })
+    }
+
+    /// The model's configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The model's RoPE (to re-rotate cached keys).
+    pub fn rope(&self) -> &Rope {
+        &self.rope
+    }
+
+    /// The device the weights live on.
+    pub fn device(&self) -> &B::Device {
+        &self.device
+    }
+
+    /// An empty K/V cache shaped for this model.
+    pub fn new_cache(&self) -> KvCache<B> {
+        KvCache::new(
+            self.config.num_layers,
+            self.config.num_kv_heads,
+            self.config.head_dim,
+            &self.device,
+        )
+    }
+
+    /// Runs `tokens` at RoPE `positions`, appending their K/V to `cache` after its current slots.
+    /// Each token attends to every earlier slot and to itself.
+    ///
+    /// Returns logits `[rows, vocab]` for the rows `logits` asks for.
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        positions: &[usize],
+        cache: &mut KvCache<B>,
+        logits: LogitsFor,
+    ) -> Result<Tensor<B, 2>> {
+        self.check_inputs(tokens, positions)?;
+        let start = cache.len();
+        cache.reserve(tokens.len());
+        let slots: Vec<usize> = (start..start + tokens.len()).collect();
+        let out = self.run(
+            tokens,
+            positions,
+            &slots,
+            start + tokens.len(),
+            Visibility::Causal,
+            cache,
+            logits,
+        )?;
+        cache.set_len(start + tokens.len())?;
+        Ok(out)
+    }
+
+    /// Recomputes `tokens` whose K/V already occupy `slots` (increasing, below `cache.len()`),
+    /// overwriting them layer by layer. Token `i` attends to slots `0..=slots[i]`: the cached K/V
+    /// of the others and the fresh K/V of the recomputed ones (sparse recompute, as CacheBlend).
+    pub fn forward_at_slots(
+        &self,
+        tokens: &[u32],
+        positions: &[usize],
+        slots: &[usize],
+        cache: &mut KvCache<B>,
+        logits: LogitsFor,
+    ) -> Result<Tensor<B, 2>> {
+        self.check_inputs(tokens, positions)?;
+        if slots.len() != tokens.len() {
+            return Err(ModelError::Forward(format!(
+                "{} slots for {} tokens",
+                slots.len(),
+                tokens.len()
+            )));
+        }
+        if slots.windows(2).any(|w| w[0] >= w[1]) || slots.last().is_some_and(|&s| s >= cache.len())
+        {
+            return Err(ModelError::Forward(format!(
+                "recompute slots must increase and lie below the cache length {}",
+                cache.len()
+            )));
+        }
+        let t = cache.len();
+        self.run(
+            tokens,
+            positions,
+            slots,
+            t,
+            Visibility::UpToSlot(slots.to_vec()),
+            cache,
+            logits,
+        )
+    }
+
+    fn check_inputs(&self, tokens: &[u32], positions: &[usize]) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(ModelError::Forward("no tokens to run".into()));
+        }
+        if tokens.len() != positions.len() {
+            return Err(ModelError::Forward(format!(
+                "{} tokens but {} positions",
+                tokens.len(),
+                positions.len()
+            )));
+        }
+        if let Some(&bad) = tokens
+            .iter()
+            .find(|&&t| t as usize >= self.config.vocab_size)
+        {
+            return Err(ModelError::Forward(format!(
+                "token id {bad} is outside the vocabulary of {}",
+                self.config.vocab_size
+            )));
+        }
+        let max = self.config.max_position_embeddings;
+        if let Some(&bad) = positions.iter().find(|&&p| p >= max) {
+            return Err(ModelError::Forward(format!(
+                "position {bad} is beyond the model's context of {max} tokens"
+            )));
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &self,
+        tokens: &[u32],
+        positions: &[usize],
+        slots: &[usize],
+        kv_len: usize,
+        visibility: Visibility,
+        cache: &mut KvCache<B>,
+        logits: LogitsFor,
+    ) -> Result<Tensor<B, 2>> {
+        let c = &self.config;
+        let n = tokens.len();
+        let (hq, hkv, hd) = (c.num_heads, c.num_kv_heads, c.head_dim);
+        let ids: Vec<i64> = tokens.iter().map(|&t| t as i64).collect();
+        let ids = Tensor::<B, 1, Int>::from_data(TensorData::new(ids, [n]), &self.device);
+        let mut x = self.embed.clone().select(0, ids); // [n, hidden]
+        if let Some(scale) = c.embedding_scale() {
+            x = x * scale;
+        }
+        let rope: RopeTables<B> = self.rope.tables(positions, &self.device);
+        let scale = (hd as f32).powf(-0.5);
+        let contiguous = slots.windows(2).all(|w| w[1] == w[0] + 1);
+
+        for (layer, block) in self.blocks.iter().enumerate() {
+            let qkv = block.qkv.forward(block.attn_norm.forward(x.clone())); // [n, (hq + 2 hkv) hd]
+            let heads = |from: usize, count: usize| {
+                qkv.clone()
+                    .slice([0..n, from * hd..(from + count) * hd])
+                    .reshape([n, count, hd])
+                    .swap_dims(0, 1)
+                    .unsqueeze::<4>() // [1, count, n, hd]
+            };
+            let q = rope.apply(heads(0, hq));
+            let k = rope.apply(heads(hq, hkv));
+            let v = heads(hq + hkv, hkv);
+            if contiguous {
+                cache.write(layer, slots[0], k, v)?;
+            } else {
+                cache.write_slots(layer, slots, k, v)?;
+            }
+            let (keys, values) = cache.prefix(layer, kv_len);
+            let att = attention(q, keys, values, &visibility, None, scale)?; // [1, hq, n, hd]
+            let att = att
+                .reshape([hq, n, hd])
+                .swap_dims(0, 1)
+                .reshape([n, hq * hd]);
+            x = x + block.o.forward(att);
+
+            let inter = c.intermediate_size;
+            let gu = block.gate_up.forward(block.mlp_norm.forward(x.clone())); // [n, 2 inter]
+            let gate = activate(c.activation, gu.clone().slice([0..n, 0..inter]));
+            let up = gu.slice([0..n, inter..2 * inter]);
+            x = x + block.down.forward(gate * up);
+        }
+
+        let rows = match logits {
+            LogitsFor::Last => Some(vec![n - 1]),
+            LogitsFor::All => None,
+            LogitsFor::Rows(rows) => {
+                if let Some(&bad) = rows.iter().find(|&&r| r >= n) {
+                    return Err(ModelError::Forward(format!(
+                        "logits row {bad} of {n} tokens"
+                    )));
+                }
+                Some(rows)
+            }
+            LogitsFor::Nothing => return Ok(Tensor::zeros([0, c.vocab_size], &self.device)),
+        };
+        let x = match rows {
+            Some(rows) if rows.len() == 1 => {
+                let r = rows[0];
+                x.slice([r..r + 1, 0..c.hidden_size])
+            }
+            Some(rows) => {
+                let idx: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
+                let m = idx.len();
+                x.select(
+                    0,
+                    Tensor::<B, 1, Int>::from_data(TensorData::new(idx, [m]), &self.device),
+                )
+            }
+            None => x,
+        };
+        Ok(self.lm_head.forward(self.norm.forward(x)))
+    }
+}

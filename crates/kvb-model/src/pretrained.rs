@@ -1,0 +1,108 @@
+//! Loading a model and its tokenizer from a HuggingFace folder or a GGUF file.
+
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use crate::gguf::GgufModel;
+use crate::model::{Model, ModelBackend};
+use crate::tokenizer::Tokenizer;
+use crate::weights::SafetensorsDir;
+use std::path::{Path, PathBuf};
+
+/// The two on-disk forms kvb reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelFormat {
+    /// A folder with `config.json`, `*.safetensors` and `tokenizer.json`.
+    HfFolder,
+    /// A single `.gguf` file.
+    Gguf,
+}
+
+/// How to load.
+#[derive(Debug, Clone, Copy)]
+pub struct LoadOptions {
+    /// Refuse unknown architectures (on by default).
+    pub strict: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { strict: true }
+    }
+}
+
+/// A model ready to run, with its tokenizer.
+#[derive(Debug, Clone)]
+pub struct Pretrained<B: ModelBackend> {
+    /// The weights on the backend.
+    pub model: Model<B>,
+    /// The tokenizer and chat template.
+    pub tokenizer: Tokenizer,
+    /// Where it was loaded from.
+    pub path: PathBuf,
+    /// In which form.
+    pub format: ModelFormat,
+}
+
+/// Tells the form of `path`: a `.gguf` file or a model folder.
+pub fn detect_format(path: &Path) -> Result<ModelFormat> {
+    if path.is_dir() {
+        if !path.join("config.json").is_file() {
+            return Err(ModelError::Config {
+                path: path.join("config.json"),
+                reason: "the model folder has no config.json".into(),
+            });
+        }
+        Ok(ModelFormat::HfFolder)
+    } else if path.is_file() {
+        Ok(ModelFormat::Gguf)
+    } else {
+        Err(ModelError::io(
+            path,
+            std::io::Error::new(std::io::ErrorKind::NotFound, "no model file or folder here"),
+        ))
+    }
+}
+
+/// Reads only the configuration of the model at `path`.
+pub fn load_config(path: &Path, options: LoadOptions) -> Result<ModelConfig> {
+    match detect_format(path)? {
+        ModelFormat::HfFolder => ModelConfig::from_file(&path.join("config.json"), options.strict),
+        ModelFormat::Gguf => GgufModel::open(path)?.config(options.strict),
+    }
+}
+
+/// Loads the model at `path` (folder or `.gguf`) onto `device`; `progress(done, total)` reports
+/// how many blocks are built.
+pub fn load_pretrained<B: ModelBackend>(
+    path: &Path,
+    options: LoadOptions,
+    device: &B::Device,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Pretrained<B>> {
+    let format = detect_format(path)?;
+    let (model, tokenizer) = match format {
+        ModelFormat::HfFolder => {
+            let config = ModelConfig::from_file(&path.join("config.json"), options.strict)?;
+            let tokenizer = Tokenizer::from_dir(path)?;
+            let weights = SafetensorsDir::open(path)?;
+            (Model::load(&config, &weights, device, progress)?, tokenizer)
+        }
+        ModelFormat::Gguf => {
+            let gguf = GgufModel::open(path)?;
+            let config = gguf.config(options.strict)?;
+            let tokenizer = Tokenizer::from_json(&gguf.tokenizer_json()?.to_string())?
+                .with_chat_template(
+                    gguf.chat_template(),
+                    gguf.special_token("tokenizer.ggml.bos_token_id"),
+                    gguf.special_token("tokenizer.ggml.eos_token_id"),
+                );
+            (Model::load(&config, &gguf, device, progress)?, tokenizer)
+        }
+    };
+    Ok(Pretrained {
+        model,
+        tokenizer,
+        path: path.to_path_buf(),
+        format,
+    })
+}

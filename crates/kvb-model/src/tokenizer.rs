@@ -1,0 +1,236 @@
+//! Tokenization (the `tokenizers` crate) and chat templates (minijinja).
+
+use crate::error::{ModelError, Result};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// One message of a conversation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `user` or `assistant`.
+    pub role: String,
+    /// The message text.
+    pub content: String,
+}
+
+impl ChatMessage {
+    /// A message with `role` and `content`.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// A model's tokenizer with its special tokens and chat template.
+#[derive(Clone)]
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    chat_template: Option<String>,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("vocab_size", &self.vocab_size())
+            .field("has_chat_template", &self.chat_template.is_some())
+            .finish()
+    }
+}
+
+/// A special token in `tokenizer_config.json`: a string, or an object with `content`.
+fn token_text(value: Option<&serde_json::Value>) -> Option<String> {
+    match value? {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Object(o) => o.get("content")?.as_str().map(String::from),
+        _ => None,
+    }
+}
+
+impl Tokenizer {
+    /// Builds a tokenizer from the text of a `tokenizer.json`.
+    pub fn from_json(json: &str) -> Result<Self> {
+        let inner: tokenizers::Tokenizer = json
+            .parse()
+            .map_err(|e| ModelError::Tokenizer(format!("invalid tokenizer.json: {e}")))?;
+        Ok(Tokenizer {
+            inner,
+            chat_template: None,
+            bos_token: None,
+            eos_token: None,
+        })
+    }
+
+    /// Loads `tokenizer.json` and, when present beside it, `tokenizer_config.json` (chat template,
+    /// bos/eos tokens).
+    pub fn from_dir(dir: &Path) -> Result<Self> {
+        let path = dir.join("tokenizer.json");
+        let json = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
+        let mut tok = Self::from_json(&json)
+            .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))?;
+        let config_path = dir.join("tokenizer_config.json");
+        if config_path.exists() {
+            let text = std::fs::read_to_string(&config_path)
+                .map_err(|e| ModelError::io(&config_path, e))?;
+            let cfg: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+                ModelError::Tokenizer(format!("{}: invalid JSON: {e}", config_path.display()))
+            })?;
+            tok.chat_template = cfg
+                .get("chat_template")
+                .and_then(|v| v.as_str())
+                .map(String::from);
+            tok.bos_token = token_text(cfg.get("bos_token"));
+            tok.eos_token = token_text(cfg.get("eos_token"));
+        }
+        Ok(tok)
+    }
+
+    /// Sets the chat template and the bos/eos token texts it may refer to.
+    pub fn with_chat_template(
+        mut self,
+        template: Option<String>,
+        bos_token: Option<String>,
+        eos_token: Option<String>,
+    ) -> Self {
+        self.chat_template = template;
+        self.bos_token = bos_token;
+        self.eos_token = eos_token;
+        self
+    }
+
+    /// The chat template, if the model has one.
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
+    }
+
+    /// The end-of-sequence token text named by the tokenizer config, if any.
+    pub fn eos_token(&self) -> Option<&str> {
+        self.eos_token.as_deref()
+    }
+
+    /// The beginning-of-sequence token text named by the tokenizer config, if any.
+    pub fn bos_token(&self) -> Option<&str> {
+        self.bos_token.as_deref()
+    }
+
+    /// Vocabulary size including added tokens.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// The id of a token's text (e.g. `<|im_end|>`).
+    pub fn token_id(&self, text: &str) -> Option<u32> {
+        self.inner.token_to_id(text)
+    }
+
+    /// Token ids of `text`. Special tokens written in the text (e.g. `<|im_start|>`) are recognised;
+    /// `add_special_tokens` adds what the tokenizer's post-processor adds (e.g. a BOS).
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode(text, add_special_tokens)
+            .map_err(|e| ModelError::Tokenizer(format!("encode: {e}")))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Text of `ids`; `skip_special_tokens` drops control tokens such as `<|im_end|>`.
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
+        self.inner
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| ModelError::Tokenizer(format!("decode: {e}")))
+    }
+
+    /// The underlying `tokenizers` tokenizer.
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+
+    /// Renders `messages` with the model's chat template, as transformers' `apply_chat_template`
+    /// does (Jinja with `trim_blocks` and `lstrip_blocks`).
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let template = self
+            .chat_template
+            .as_deref()
+            .ok_or_else(|| ModelError::ChatTemplate("this model has no chat template".into()))?;
+        render_chat_template(
+            template,
+            messages,
+            add_generation_prompt,
+            self.bos_token.as_deref().unwrap_or(""),
+            self.eos_token.as_deref().unwrap_or(""),
+        )
+    }
+}
+
+/// Renders a HF chat template.
+pub fn render_chat_template(
+    template: &str,
+    messages: &[ChatMessage],
+    add_generation_prompt: bool,
+    bos_token: &str,
+    eos_token: &str,
+) -> Result<String> {
+    let mut env = minijinja::Environment::new();
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
+    minijinja_contrib::add_to_environment(&mut env);
+    // HF templates call Python string methods (`.strip()`, `.startswith()`).
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_function(
+        "raise_exception",
+        |msg: String| -> std::result::Result<String, minijinja::Error> {
+            Err(minijinja::Error::new(
+                minijinja::ErrorKind::InvalidOperation,
+                msg,
+            ))
+        },
+    );
+    env.add_template("chat", template)
+        .map_err(|e| ModelError::ChatTemplate(format!("cannot parse the template: {e}")))?;
+    let tmpl = env
+        .get_template("chat")
+        .map_err(|e| ModelError::ChatTemplate(e.to_string()))?;
+    tmpl.render(minijinja::context! {
+        messages => messages,
+        add_generation_prompt => add_generation_prompt,
+        bos_token => bos_token,
+        eos_token => eos_token,
+    })
+    .map_err(|e| ModelError::ChatTemplate(format!("rendering failed: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn template_errors_are_reported_not_panics() {
+        let err = render_chat_template("{% if %}", &[], true, "", "").unwrap_err();
+        assert!(err.to_string().contains("cannot parse"), "{err}");
+        let err =
+            render_chat_template("{{ raise_exception('no system role') }}", &[], true, "", "")
+                .unwrap_err();
+        assert!(err.to_string().contains("no system role"), "{err}");
+    }
+
+    #[test]
+    fn python_string_methods_work_in_templates() {
+        let msgs = [ChatMessage::new("user", "  hi  ")];
+        let out = render_chat_template(
+            "{% for m in messages %}[{{ m['content'].strip() }}]{% endfor %}{% if add_generation_prompt %}>{% endif %}",
+            &msgs,
+            true,
+            "",
+            "",
+        )
+        .unwrap();
+        assert_eq!(out, "[hi]>");
+    }
+}

@@ -1,0 +1,289 @@
+//! Helpers shared by kvb-model's integration tests: fixture paths, random tiny models and a
+//! minimal GGUF writer.
+#![allow(dead_code)]
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use safetensors::tensor::TensorView;
+use safetensors::Dtype;
+use std::path::{Path, PathBuf};
+
+pub type B = burn::backend::NdArray<f32>;
+
+/// The workspace's `fixtures/` folder.
+pub fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
+}
+
+/// Reads a raw little-endian f32 file.
+pub fn read_f32(path: &Path) -> Vec<f32> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+/// Names and PyTorch shapes of a Llama-layout checkpoint for `c`.
+pub fn llama_tensor_shapes(c: &kvb_model::ModelConfig) -> Vec<(String, Vec<usize>)> {
+    let (h, hd, i) = (c.hidden_size, c.head_dim, c.intermediate_size);
+    let mut out = vec![(
+        "model.embed_tokens.weight".to_string(),
+        vec![c.vocab_size, h],
+    )];
+    for l in 0..c.num_layers {
+        let p = format!("model.layers.{l}");
+        out.push((format!("{p}.input_layernorm.weight"), vec![h]));
+        out.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
+        out.push((
+            format!("{p}.self_attn.q_proj.weight"),
+            vec![c.num_heads * hd, h],
+        ));
+        out.push((
+            format!("{p}.self_attn.k_proj.weight"),
+            vec![c.num_kv_heads * hd, h],
+        ));
+        out.push((
+            format!("{p}.self_attn.v_proj.weight"),
+            vec![c.num_kv_heads * hd, h],
+        ));
+        out.push((
+            format!("{p}.self_attn.o_proj.weight"),
+            vec![h, c.num_heads * hd],
+        ));
+        out.push((format!("{p}.mlp.gate_proj.weight"), vec![i, h]));
+        out.push((format!("{p}.mlp.up_proj.weight"), vec![i, h]));
+        out.push((format!("{p}.mlp.down_proj.weight"), vec![h, i]));
+    }
+    out.push(("model.norm.weight".to_string(), vec![h]));
+    if !c.tie_word_embeddings {
+        out.push(("lm_head.weight".to_string(), vec![c.vocab_size, h]));
+    }
+    out
+}
+
+/// Random weights for every tensor of `c` (norm weights near 1, others scaled like an init).
+pub fn random_weights(
+    c: &kvb_model::ModelConfig,
+    seed: u64,
+) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    llama_tensor_shapes(c)
+        .into_iter()
+        .map(|(name, shape)| {
+            let n: usize = shape.iter().product();
+            let data = if shape.len() == 1 {
+                (0..n).map(|_| 1.0 + rng.random_range(-0.1..0.1)).collect()
+            } else {
+                let s = 1.0 / (shape[1] as f32).sqrt();
+                (0..n).map(|_| rng.random_range(-s..s) * 1.5).collect()
+            };
+            (name, shape, data)
+        })
+        .collect()
+}
+
+/// Writes `config.json` and `model.safetensors` with random weights into a fresh temporary folder.
+pub fn random_model_dir(config_json: &str, seed: u64) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.json"), config_json).unwrap();
+    let config = kvb_model::ModelConfig::from_json(config_json, true).unwrap();
+    write_safetensors(
+        &dir.path().join("model.safetensors"),
+        &random_weights(&config, seed),
+    );
+    dir
+}
+
+/// Writes f32 tensors to a safetensors file.
+pub fn write_safetensors(path: &Path, tensors: &[(String, Vec<usize>, Vec<f32>)]) {
+    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
+        .iter()
+        .map(|(n, s, d)| {
+            (
+                n.clone(),
+                s.clone(),
+                d.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            )
+        })
+        .collect();
+    let views: Vec<(String, TensorView)> = bytes
+        .iter()
+        .map(|(n, s, b)| {
+            (
+                n.clone(),
+                TensorView::new(Dtype::F32, s.clone(), b).unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, path).unwrap();
+}
+
+/// A tiny Llama config (GQA when `kv_heads < 4`).
+pub fn tiny_llama_config(kv_heads: usize) -> String {
+    format!(
+        r#"{{"architectures":["LlamaForCausalLM"],"hidden_size":32,"intermediate_size":64,
+        "num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":{kv_heads},
+        "vocab_size":96,"max_position_embeddings":512,"rms_norm_eps":1e-5,"rope_theta":10000.0,
+        "tie_word_embeddings":false,"eos_token_id":1}}"#
+    )
+}
+
+/// A minimal GGUF writer (version 3, F32 tensors, string/int/float metadata) for tests.
+pub enum Meta {
+    Str(&'static str, String),
+    U32(&'static str, u32),
+    F32(&'static str, f32),
+    StrArray(&'static str, Vec<String>),
+    I32Array(&'static str, Vec<i32>),
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    out.extend((s.len() as u64).to_le_bytes());
+    out.extend(s.as_bytes());
+}
+
+/// Serialises a GGUF file: `tensors` are (gguf name, PyTorch shape, f32 data).
+pub fn gguf_bytes(meta: &[Meta], tensors: &[(String, Vec<usize>, Vec<f32>)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend(b"GGUF");
+    out.extend(3u32.to_le_bytes());
+    out.extend((tensors.len() as u64).to_le_bytes());
+    out.extend((meta.len() as u64).to_le_bytes());
+    for m in meta {
+        match m {
+            Meta::Str(k, v) => {
+                put_str(&mut out, k);
+                out.extend(8u32.to_le_bytes());
+                put_str(&mut out, v);
+            }
+            Meta::U32(k, v) => {
+                put_str(&mut out, k);
+                out.extend(4u32.to_le_bytes());
+                out.extend(v.to_le_bytes());
+            }
+            Meta::F32(k, v) => {
+                put_str(&mut out, k);
+                out.extend(6u32.to_le_bytes());
+                out.extend(v.to_le_bytes());
+            }
+            Meta::StrArray(k, v) => {
+                put_str(&mut out, k);
+                out.extend(9u32.to_le_bytes());
+                out.extend(8u32.to_le_bytes());
+                out.extend((v.len() as u64).to_le_bytes());
+                for s in v {
+                    put_str(&mut out, s);
+                }
+            }
+            Meta::I32Array(k, v) => {
+                put_str(&mut out, k);
+                out.extend(9u32.to_le_bytes());
+                out.extend(5u32.to_le_bytes());
+                out.extend((v.len() as u64).to_le_bytes());
+                for x in v {
+                    out.extend(x.to_le_bytes());
+                }
+            }
+        }
+    }
+    let mut offset = 0u64;
+    for (name, shape, data) in tensors {
+        put_str(&mut out, name);
+        out.extend((shape.len() as u32).to_le_bytes());
+        for d in shape.iter().rev() {
+            out.extend((*d as u64).to_le_bytes());
+        }
+        out.extend(0u32.to_le_bytes()); // F32
+        out.extend(offset.to_le_bytes());
+        offset += (data.len() * 4).div_ceil(32) as u64 * 32;
+    }
+    while out.len() % 32 != 0 {
+        out.push(0);
+    }
+    for (_, _, data) in tensors {
+        let start = out.len();
+        out.extend(data.iter().flat_map(|v| v.to_le_bytes()));
+        while (out.len() - start) % 32 != 0 {
+            out.push(0);
+        }
+    }
+    out
+}
+
+/// llama.cpp's q/k row permutation (HF rows `[heads, 2, hd/2]` -> GGUF rows `[heads, hd/2, 2]`).
+pub fn permute_like_llama_cpp(data: &[f32], rows: usize, cols: usize, heads: usize) -> Vec<f32> {
+    let half = rows / heads / 2;
+    let mut out = vec![0f32; data.len()];
+    for h in 0..heads {
+        for s in 0..2 {
+            for i in 0..half {
+                let src = (h * 2 * half + s * half + i) * cols;
+                let dst = (h * half * 2 + i * 2 + s) * cols;
+                out[dst..dst + cols].copy_from_slice(&data[src..src + cols]);
+            }
+        }
+    }
+    out
+}
+
+/// The GGUF name of an HF llama tensor.
+pub fn gguf_name(hf: &str) -> String {
+    match hf {
+        "model.embed_tokens.weight" => return "token_embd.weight".into(),
+        "model.norm.weight" => return "output_norm.weight".into(),
+        "lm_head.weight" => return "output.weight".into(),
+        _ => {}
+    }
+    let rest = hf.strip_prefix("model.layers.").unwrap();
+    let (layer, tail) = rest.split_once('.').unwrap();
+    let part = match tail {
+        "input_layernorm.weight" => "attn_norm",
+        "post_attention_layernorm.weight" => "ffn_norm",
+        "self_attn.q_proj.weight" => "attn_q",
+        "self_attn.k_proj.weight" => "attn_k",
+        "self_attn.v_proj.weight" => "attn_v",
+        "self_attn.o_proj.weight" => "attn_output",
+        "mlp.gate_proj.weight" => "ffn_gate",
+        "mlp.up_proj.weight" => "ffn_up",
+        "mlp.down_proj.weight" => "ffn_down",
+        other => panic!("no GGUF name for {other}"),
+    };
+    format!("blk.{layer}.{part}.weight")
+}
+
+/// A GGUF (llama architecture, F32) of the same model as `tensors` with HF names.
+pub fn llama_gguf(
+    c: &kvb_model::ModelConfig,
+    tensors: &[(String, Vec<usize>, Vec<f32>)],
+) -> Vec<u8> {
+    let converted: Vec<(String, Vec<usize>, Vec<f32>)> = tensors
+        .iter()
+        .map(|(n, s, d)| {
+            let data = if n.ends_with("q_proj.weight") {
+                permute_like_llama_cpp(d, s[0], s[1], c.num_heads)
+            } else if n.ends_with("k_proj.weight") {
+                permute_like_llama_cpp(d, s[0], s[1], c.num_kv_heads)
+            } else {
+                d.clone()
+            };
+            (gguf_name(n), s.clone(), data)
+        })
+        .collect();
+    let meta = vec![
+        Meta::Str("general.architecture", "llama".into()),
+        Meta::U32("llama.block_count", c.num_layers as u32),
+        Meta::U32("llama.context_length", c.max_position_embeddings as u32),
+        Meta::U32("llama.embedding_length", c.hidden_size as u32),
+        Meta::U32("llama.feed_forward_length", c.intermediate_size as u32),
+        Meta::U32("llama.attention.head_count", c.num_heads as u32),
+        Meta::U32("llama.attention.head_count_kv", c.num_kv_heads as u32),
+        Meta::F32("llama.rope.freq_base", c.rope_theta),
+        Meta::F32(
+            "llama.attention.layer_norm_rms_epsilon",
+            c.rms_norm_eps as f32,
+        ),
+        Meta::U32("tokenizer.ggml.eos_token_id", 1),
+    ];
+    gguf_bytes(&meta, &converted)
+}

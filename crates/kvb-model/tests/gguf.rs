@@ -1,0 +1,112 @@
+//! GGUF reading: a llama GGUF (with llama.cpp's q/k permutation) loads to the same model as the
+//! HF checkpoint it came from, and truncated or corrupted files are errors, never panics.
+
+mod common;
+
+use common::{llama_gguf, random_weights, tiny_llama_config, write_safetensors, B};
+use kvb_model::gguf::{GgufHeader, GgufModel};
+use kvb_model::weights::SafetensorsDir;
+use kvb_model::{LogitsFor, Model, ModelConfig};
+use proptest::prelude::*;
+use std::path::Path;
+
+fn logits(m: &Model<B>) -> Vec<f32> {
+    let toks: Vec<u32> = (0..12).map(|i| (i * 7 % 96) as u32).collect();
+    let pos: Vec<usize> = (0..12).collect();
+    let mut cache = m.new_cache();
+    m.forward(&toks, &pos, &mut cache, LogitsFor::All)
+        .unwrap()
+        .into_data()
+        .to_vec()
+        .unwrap()
+}
+
+fn small_gguf() -> (ModelConfig, Vec<u8>) {
+    let config = ModelConfig::from_json(&tiny_llama_config(2), true).unwrap();
+    let weights = random_weights(&config, 5);
+    (config.clone(), llama_gguf(&config, &weights))
+}
+
+#[test]
+fn a_llama_gguf_loads_to_the_same_model_as_its_checkpoint() {
+    let config = ModelConfig::from_json(&tiny_llama_config(2), true).unwrap();
+    let weights = random_weights(&config, 42);
+    let dir = tempfile::tempdir().unwrap();
+    write_safetensors(&dir.path().join("model.safetensors"), &weights);
+    let gguf_path = dir.path().join("m.gguf");
+    std::fs::write(&gguf_path, llama_gguf(&config, &weights)).unwrap();
+
+    let gguf = GgufModel::open(&gguf_path).unwrap();
+    let gguf_config = gguf.config(true).unwrap();
+    assert_eq!(gguf_config.num_kv_heads, 2);
+    assert_eq!(gguf_config.eos_token_ids, vec![1]);
+    assert!(!gguf_config.tie_word_embeddings);
+    let dev = Default::default();
+    let from_gguf = Model::<B>::load(&gguf_config, &gguf, &dev, &mut |_, _| {}).unwrap();
+    let st = SafetensorsDir::open(dir.path()).unwrap();
+    let from_st = Model::<B>::load(&config, &st, &dev, &mut |_, _| {}).unwrap();
+    assert_eq!(logits(&from_gguf), logits(&from_st));
+}
+
+#[test]
+fn every_truncation_of_a_gguf_header_is_an_error() {
+    let (_, bytes) = small_gguf();
+    let full = GgufHeader::parse(&bytes, Path::new("t.gguf")).unwrap();
+    let data_start = full.tensors.values().map(|t| t.range.start).min().unwrap();
+    let data_end = full.tensors.values().map(|t| t.range.end).max().unwrap();
+    for len in (0..data_start).chain([data_end - 1, data_end - 40]) {
+        let r = GgufHeader::parse(&bytes[..len], Path::new("t.gguf"));
+        assert!(
+            r.is_err(),
+            "a file cut at {len} of {} bytes parsed",
+            bytes.len()
+        );
+    }
+}
+
+#[test]
+fn absurd_counts_are_refused_without_allocating() {
+    let mut bytes = b"GGUF".to_vec();
+    bytes.extend(3u32.to_le_bytes());
+    bytes.extend(u64::MAX.to_le_bytes());
+    bytes.extend(0u64.to_le_bytes());
+    let err = GgufHeader::parse(&bytes, Path::new("x.gguf"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("tensor count"), "{err}");
+    let err = GgufHeader::parse(b"GGML\x03\0\0\0", Path::new("x.gguf"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("bad magic"), "{err}");
+}
+
+#[test]
+fn a_truncated_gguf_file_is_an_error_at_open() {
+    let (_, bytes) = small_gguf();
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("cut.gguf");
+    std::fs::write(&p, &bytes[..bytes.len() / 2]).unwrap();
+    let err = GgufModel::open(&p)
+        .err()
+        .expect("a truncated file must not open")
+        .to_string();
+    assert!(
+        err.contains("cut.gguf") && err.contains("beyond the end"),
+        "{err}"
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn corrupted_gguf_bytes_never_panic(flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8)) {
+        let (_, mut bytes) = small_gguf();
+        let header_len = 600.min(bytes.len());
+        for (at, value) in flips {
+            bytes[at % header_len] = value;
+        }
+        // Either it parses (a flip in a value) or it is an error; it must never panic.
+        let _ = GgufHeader::parse(&bytes, Path::new("fuzz.gguf"));
+    }
+}

@@ -1,0 +1,3 @@
+//! One module per `kvb` subcommand.
+
+pub mod generate;

@@ -1,0 +1,43 @@
+//! `kvb`: the command line of the kvb engine.
+//!
+//! Every command takes `--model PATH` (a HuggingFace folder or a `.gguf` file); without it, the
+//! embedded default model (SmolLM2-135M-Instruct) is used and fetched on first use.
+
+mod backend;
+mod commands;
+mod model_arg;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "kvb",
+    version,
+    about = "Fast LLM inference on repeated context"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt, streaming it to stdout.
+    Generate(commands::generate::GenerateArgs),
+    /// Fetch the default model into the models folder (idempotent).
+    FetchModel,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Generate(args) => commands::generate::run(args),
+        Command::FetchModel => model_arg::resolve(None).map(|p| {
+            eprintln!("default model ready at {}", p.display());
+        }),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

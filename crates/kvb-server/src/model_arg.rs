@@ -1,0 +1,47 @@
+//! Resolving `--model` (default: the embedded model) and loading it with a progress bar.
+
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+use kvb_model::fetch::{ensure_default_model, models_dir};
+use kvb_model::ModelBackend;
+use kvb_model::{load_pretrained, LoadOptions, Pretrained};
+use std::path::{Path, PathBuf};
+
+/// The model path to use: the given one, or the default model (fetched if absent).
+pub fn resolve(model: Option<&Path>) -> anyhow::Result<PathBuf> {
+    match model {
+        Some(p) => Ok(p.to_path_buf()),
+        None => {
+            let dir = models_dir();
+            let paths = ensure_default_model(&dir, &mut |line| eprintln!("{line}"))
+                .context("preparing the default model (pass --model PATH to use another)")?;
+            Ok(paths.hf_dir)
+        }
+    }
+}
+
+/// Loads `path` on `device`, showing a progress bar on stderr.
+pub fn load<B: ModelBackend>(
+    path: &Path,
+    strict: bool,
+    device: &B::Device,
+) -> anyhow::Result<Pretrained<B>> {
+    let bar = ProgressBar::new(1);
+    bar.set_style(
+        ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} blocks")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    bar.set_message(
+        path.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+    );
+    let m = load_pretrained::<B>(path, LoadOptions { strict }, device, &mut |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    })
+    .with_context(|| format!("loading {}", path.display()));
+    bar.finish_and_clear();
+    m
+}

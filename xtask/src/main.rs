@@ -1,0 +1,132 @@
+//! `cargo xtask`: project automation. It only orchestrates cargo and the `kvb` binary, and shares
+//! one release build (one feature set) across every step, so CI compiles burn once.
+
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Features of the one build every step shares: all backends compiled, so CI proves that `wgpu`
+/// and `cuda` build (CUDA needs no toolkit to compile with burn 0.21) and runs the wgpu tests.
+const FEATURES: &str = "kvb-model/wgpu,kvb-model/cuda,kvb-server/wgpu,kvb-server/cuda";
+/// The same feature set, spelled for commands that select only kvb-model.
+const MODEL_FEATURES: &str = "kvb-model/wgpu,kvb-model/cuda";
+
+const USAGE: &str = "usage: cargo xtask <command>
+
+commands:
+  fetch-model   fetch the default model (SmolLM2-135M-Instruct) into models/
+  ci            format check, build, fetch the model, all tests, an end-to-end generate
+  bench model   prefill/decode speed of the default model vs the machine's matmul rate";
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let root = workspace_root();
+    std::env::set_current_dir(&root).with_context(|| format!("cd {}", root.display()))?;
+    match args.first().map(String::as_str) {
+        Some("fetch-model") => fetch_model(),
+        Some("ci") => ci(),
+        Some("bench") => bench(&args[1..]),
+        _ => {
+            eprintln!("{USAGE}");
+            bail!("unknown or missing command");
+        }
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives one folder below the workspace root")
+        .to_path_buf()
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    eprintln!("$ {cmd:?}");
+    let status = cmd.status().with_context(|| format!("starting {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed with {status}");
+    }
+    Ok(())
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+/// `cargo run --release -p kvb-server -- <args>` with the shared feature set.
+fn kvb(args: &[&str]) -> Command {
+    let mut c = cargo();
+    c.args([
+        "run",
+        "--release",
+        "--quiet",
+        "-p",
+        "kvb-server",
+        "--features",
+        FEATURES,
+        "--",
+    ]);
+    c.args(args);
+    c
+}
+
+fn fetch_model() -> Result<()> {
+    run(&mut kvb(&["fetch-model"]))
+}
+
+fn ci() -> Result<()> {
+    let rustfmt_present = Command::new("rustfmt")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if rustfmt_present {
+        run(cargo().args(["fmt", "--all", "--", "--check"]))?;
+    } else {
+        eprintln!("rustfmt is not installed: skipping the format check");
+    }
+    run(cargo().args([
+        "build",
+        "--release",
+        "--workspace",
+        "--all-targets",
+        "--features",
+        FEATURES,
+    ]))?;
+    fetch_model()?;
+    run(cargo().args(["test", "--release", "--workspace", "--features", FEATURES]))?;
+
+    // End to end, as a user: the chat answer to a known question.
+    let out = kvb(&[
+        "generate",
+        "--chat",
+        "--prompt",
+        "What is the capital of France?",
+        "--max-new-tokens",
+        "24",
+    ])
+    .output()
+    .context("running kvb generate")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("kvb generate said: {}", text.trim());
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    if !out.status.success() || !text.contains("Paris") {
+        bail!("kvb generate did not answer the capital of France with Paris");
+    }
+    eprintln!("ci: all steps passed");
+    Ok(())
+}
+
+fn bench(args: &[String]) -> Result<()> {
+    match args.first().map(String::as_str) {
+        Some("model") => run(cargo().args([
+            "bench",
+            "-p",
+            "kvb-model",
+            "--features",
+            MODEL_FEATURES,
+            "--bench",
+            "model_speed",
+        ])),
+        _ => bail!("usage: cargo xtask bench model"),
+    }
+}
