@@ -13,6 +13,9 @@
 //!   head they share (q head `h` uses kv head `h / (q_heads / kv_heads)`, as HF's `repeat_kv`).
 //! - **Extra mask.** An optional `[n, t]` boolean mask (`true` = blocked) narrows what each query sees.
 //! - Bad shapes and rows with nothing visible are errors, never panics or NaNs.
+//! - **Kernels agree with the reference.** [`AttentionBackend`] lets a backend swap in a faster
+//!   kernel; burn-ndarray gets a tiled online-softmax kernel (feature `ndarray`) that reads a sliced
+//!   K/V cache in place. The same tests hold it to the per-element implementation.
 //!
 //! ```
 //! use burn::backend::NdArray;
@@ -29,9 +32,13 @@
 //! ```
 #![warn(missing_docs)]
 
+mod backend;
+#[cfg(feature = "ndarray")]
+mod cpu;
 mod mask;
 mod reference;
 
+pub use backend::AttentionBackend;
 pub use mask::Visibility;
 pub use reference::attention;
 

@@ -1,4 +1,4 @@
-//! Which keys each query may see, and the additive bias that enforces it.
+//! Which keys each query may see.
 
 use crate::AttnError;
 use burn::tensor::backend::Backend;
@@ -44,50 +44,67 @@ impl Visibility {
     }
 }
 
-/// Builds the additive bias `[n, t]` (0 where visible, -inf where blocked), or `None` when every
-/// query sees every key (a single decode query over its whole cache), so the common decode step
-/// pays for no mask at all.
-pub(crate) fn attention_bias<B: Backend>(
-    visibility: &Visibility,
-    extra_mask: Option<&Tensor<B, 2, Bool>>,
-    n: usize,
-    t: usize,
-    device: &B::Device,
-) -> Result<Option<Tensor<B, 2>>, AttnError> {
-    let last = visibility.last_slots(n, t)?;
-    let mut blocked: Vec<bool> = Vec::with_capacity(n * t);
-    for &l in &last {
-        blocked.extend((0..t).map(|j| j > l));
-    }
-    if let Some(extra) = extra_mask {
-        if extra.dims() != [n, t] {
-            return Err(AttnError::Shape(format!(
-                "extra mask is {:?}, expected [{n}, {t}]",
-                extra.dims()
-            )));
-        }
-        let extra = extra.to_data();
-        let extra = extra
-            .as_slice::<bool>()
-            .map_err(|e| AttnError::Shape(format!("extra mask is not boolean data: {e:?}")))?;
-        for (b, &e) in blocked.iter_mut().zip(extra) {
-            *b |= e;
-        }
-    }
-    if let Some(row) = blocked.chunks(t.max(1)).position(|r| r.iter().all(|&b| b)) {
-        if t > 0 {
+/// The visibility of `n` queries over `t` keys, resolved on the host and checked: every query sees
+/// at least one key.
+pub(crate) struct Mask {
+    /// Last visible slot per query.
+    pub last: Vec<usize>,
+    /// `[n, t]`, `true` = blocked by the extra mask.
+    pub blocked: Option<Vec<bool>>,
+    pub t: usize,
+}
+
+impl Mask {
+    pub fn new<B: Backend>(
+        visibility: &Visibility,
+        extra_mask: Option<&Tensor<B, 2, Bool>>,
+        n: usize,
+        t: usize,
+    ) -> Result<Self, AttnError> {
+        let last = visibility.last_slots(n, t)?;
+        let blocked = match extra_mask {
+            None => None,
+            Some(extra) => {
+                if extra.dims() != [n, t] {
+                    return Err(AttnError::Shape(format!(
+                        "extra mask is {:?}, expected [{n}, {t}]",
+                        extra.dims()
+                    )));
+                }
+                let data = extra.to_data();
+                let values = data.as_slice::<bool>().map_err(|e| {
+                    AttnError::Shape(format!("extra mask is not boolean data: {e:?}"))
+                })?;
+                Some(values.to_vec())
+            }
+        };
+        let mask = Mask { last, blocked, t };
+        if let Some(row) = (0..n).find(|&i| (0..t).all(|j| !mask.visible(i, j))) {
             return Err(AttnError::Visibility(format!("query {row} can see no key")));
         }
+        Ok(mask)
     }
-    if !blocked.iter().any(|&b| b) {
-        return Ok(None);
+
+    /// Whether query `i` sees key `j`.
+    pub fn visible(&self, i: usize, j: usize) -> bool {
+        j <= self.last[i] && !self.blocked.as_ref().is_some_and(|b| b[i * self.t + j])
     }
-    let bias: Vec<f32> = blocked
-        .into_iter()
-        .map(|b| if b { f32::NEG_INFINITY } else { 0.0 })
-        .collect();
-    Ok(Some(Tensor::from_data(
-        TensorData::new(bias, [n, t]),
-        device,
-    )))
+
+    /// The additive bias `[n, t]` (0 where visible, -inf where blocked), or `None` when every query
+    /// sees every key (a decode step over its whole cache), so that step pays for no mask.
+    pub fn bias<B: Backend>(&self, device: &B::Device) -> Option<Tensor<B, 2>> {
+        let (n, t) = (self.last.len(), self.t);
+        let mut any_blocked = false;
+        let bias: Vec<f32> = (0..n * t)
+            .map(|x| {
+                if self.visible(x / t.max(1), x % t.max(1)) {
+                    0.0
+                } else {
+                    any_blocked = true;
+                    f32::NEG_INFINITY
+                }
+            })
+            .collect();
+        any_blocked.then(|| Tensor::from_data(TensorData::new(bias, [n, t]), device))
+    }
 }

@@ -1,10 +1,45 @@
 //! Attention in burn tensor ops: the reference every backend can run.
 
-use crate::mask::{attention_bias, Visibility};
+use crate::mask::{Mask, Visibility};
 use crate::AttnError;
 use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Tensor};
+
+/// The checked dimensions of one attention call.
+pub(crate) struct Dims {
+    pub batch: usize,
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub n: usize,
+    pub t: usize,
+    pub head_dim: usize,
+}
+
+/// Checks that `q` `[batch, q_heads, n, d]` and `k`, `v` `[batch, kv_heads, t, d]` fit together.
+pub(crate) fn check_dims(q: [usize; 4], k: [usize; 4], v: [usize; 4]) -> Result<Dims, AttnError> {
+    let [batch, q_heads, n, head_dim] = q;
+    let [k_batch, kv_heads, t, k_dim] = k;
+    if k != v {
+        return Err(AttnError::Shape(format!("k is {k:?} but v is {v:?}")));
+    }
+    if k_batch != batch || k_dim != head_dim {
+        return Err(AttnError::Shape(format!("q is {q:?} but k/v are {k:?}")));
+    }
+    if kv_heads == 0 || q_heads % kv_heads != 0 {
+        return Err(AttnError::Shape(format!(
+            "{q_heads} query heads cannot share {kv_heads} kv heads"
+        )));
+    }
+    Ok(Dims {
+        batch,
+        q_heads,
+        kv_heads,
+        n,
+        t,
+        head_dim,
+    })
+}
 
 /// Scaled dot-product attention of `n` queries over `t` cached keys.
 ///
@@ -23,29 +58,16 @@ pub fn attention<B: Backend>(
     extra_mask: Option<&Tensor<B, 2, Bool>>,
     scale: f32,
 ) -> Result<Tensor<B, 4>, AttnError> {
-    let [batch, q_heads, n, head_dim] = q.dims();
-    let [k_batch, kv_heads, t, k_dim] = k.dims();
-    if k.dims() != v.dims() {
-        return Err(AttnError::Shape(format!(
-            "k is {:?} but v is {:?}",
-            k.dims(),
-            v.dims()
-        )));
-    }
-    if k_batch != batch || k_dim != head_dim {
-        return Err(AttnError::Shape(format!(
-            "q is {:?} but k/v are {:?}",
-            q.dims(),
-            k.dims()
-        )));
-    }
-    if kv_heads == 0 || q_heads % kv_heads != 0 {
-        return Err(AttnError::Shape(format!(
-            "{q_heads} query heads cannot share {kv_heads} kv heads"
-        )));
-    }
+    let Dims {
+        batch,
+        q_heads,
+        kv_heads,
+        n,
+        t,
+        head_dim,
+    } = check_dims(q.dims(), k.dims(), v.dims())?;
     let group = q_heads / kv_heads;
-    let bias = attention_bias::<B>(visibility, extra_mask, n, t, &q.device())?;
+    let bias = Mask::new::<B>(visibility, extra_mask, n, t)?.bias::<B>(&q.device());
     if n == 0 {
         return Ok(q);
     }

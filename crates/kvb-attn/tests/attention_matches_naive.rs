@@ -3,7 +3,7 @@
 
 use burn::backend::NdArray;
 use burn::tensor::{Bool, Tensor, TensorData};
-use kvb_attn::{attention, AttnError, Visibility};
+use kvb_attn::{attention, AttentionBackend, AttnError, Visibility};
 use proptest::prelude::*;
 
 type B = NdArray<f32>;
@@ -42,6 +42,18 @@ fn naive(
     }
     out
 }
+
+type AttentionFn = fn(
+    Tensor<B, 4>,
+    Tensor<B, 4>,
+    Tensor<B, 4>,
+    &Visibility,
+    Option<&Tensor<B, 2, Bool>>,
+    f32,
+) -> Result<Tensor<B, 4>, AttnError>;
+
+/// The reference in tensor ops, and the backend's kernel (burn-ndarray's tiled kernel).
+const IMPLEMENTATIONS: [AttentionFn; 2] = [attention::<B>, <B as AttentionBackend>::attention];
 
 fn tensor4(data: &[f32], shape: [usize; 4]) -> Tensor<B, 4> {
     Tensor::from_data(TensorData::new(data.to_vec(), shape), &Default::default())
@@ -97,17 +109,19 @@ proptest! {
         let (qn, kn) = (hq * c.n * c.d, c.kv_heads * c.t * c.d);
         let (q, k, v) = (&seed[..qn], &seed[qn..qn + kn], &seed[qn + kn..qn + 2 * kn]);
         let scale = (c.d as f32).powf(-0.5);
-        let out = attention(
-            tensor4(q, [1, hq, c.n, c.d]),
-            tensor4(k, [1, c.kv_heads, c.t, c.d]),
-            tensor4(v, [1, c.kv_heads, c.t, c.d]),
-            &Visibility::Causal,
-            None,
-            scale,
-        ).unwrap();
         let offset = c.t - c.n;
         let want = naive(q, k, v, (hq, c.kv_heads, c.n, c.t, c.d), |i, j| j <= offset + i, scale);
-        assert_close(&out.into_data().to_vec::<f32>().unwrap(), &want)?;
+        for run in IMPLEMENTATIONS {
+            let out = run(
+                tensor4(q, [1, hq, c.n, c.d]),
+                tensor4(k, [1, c.kv_heads, c.t, c.d]),
+                tensor4(v, [1, c.kv_heads, c.t, c.d]),
+                &Visibility::Causal,
+                None,
+                scale,
+            ).unwrap();
+            assert_close(&out.into_data().to_vec::<f32>().unwrap(), &want)?;
+        }
     }
 
     #[test]
@@ -129,20 +143,22 @@ proptest! {
             TensorData::new(blocked.clone(), [c.n, c.t]),
             &Default::default(),
         );
-        let out = attention(
-            tensor4(q, [1, hq, c.n, c.d]),
-            tensor4(k, [1, c.kv_heads, c.t, c.d]),
-            tensor4(v, [1, c.kv_heads, c.t, c.d]),
-            &Visibility::UpToSlot(slots.clone()),
-            Some(&mask),
-            0.3,
-        ).unwrap();
         let want = naive(
             q, k, v, (hq, c.kv_heads, c.n, c.t, c.d),
             |i, j| j <= slots[i] && !blocked[i * c.t + j],
             0.3,
         );
-        assert_close(&out.into_data().to_vec::<f32>().unwrap(), &want)?;
+        for run in IMPLEMENTATIONS {
+            let out = run(
+                tensor4(q, [1, hq, c.n, c.d]),
+                tensor4(k, [1, c.kv_heads, c.t, c.d]),
+                tensor4(v, [1, c.kv_heads, c.t, c.d]),
+                &Visibility::UpToSlot(slots.clone()),
+                Some(&mask),
+                0.3,
+            ).unwrap();
+            assert_close(&out.into_data().to_vec::<f32>().unwrap(), &want)?;
+        }
     }
 }
 
@@ -188,4 +204,46 @@ fn a_fully_masked_row_is_an_error() {
     );
     let err = attention(q, k.clone(), k, &Visibility::Causal, Some(&mask), 1.0).unwrap_err();
     assert_eq!(err, AttnError::Visibility("query 1 can see no key".into()));
+}
+
+/// Many queries and keys (several query and key blocks of the tiled kernel), with K/V read as
+/// strided slices of a longer cache, as the model passes them.
+#[test]
+fn the_kernel_handles_multiple_tiles_and_sliced_caches() {
+    let (hkv, group, n, t, cap, d) = (2usize, 3usize, 150usize, 700usize, 1024usize, 16usize);
+    let hq = hkv * group;
+    let gen = |len: usize, salt: usize| -> Vec<f32> {
+        (0..len)
+            .map(|i| (((i * 7919 + salt * 104_729) % 2003) as f32 / 1001.0) - 1.0)
+            .collect()
+    };
+    let q = gen(hq * n * d, 1);
+    let k_full = gen(hkv * cap * d, 2);
+    let v_full = gen(hkv * cap * d, 3);
+    let slice = |full: &[f32]| -> Vec<f32> {
+        (0..hkv)
+            .flat_map(|h| full[h * cap * d..h * cap * d + t * d].to_vec())
+            .collect()
+    };
+    let (k, v) = (slice(&k_full), slice(&v_full));
+    let want = naive(&q, &k, &v, (hq, hkv, n, t, d), |i, j| j <= t - n + i, 0.25);
+    let cache = |full: &[f32]| tensor4(full, [1, hkv, cap, d]).slice([0..1, 0..hkv, 0..t, 0..d]);
+    for run in IMPLEMENTATIONS {
+        let out = run(
+            tensor4(&q, [1, hq, n, d]),
+            cache(&k_full),
+            cache(&v_full),
+            &Visibility::Causal,
+            None,
+            0.25,
+        )
+        .unwrap();
+        let got = out.into_data().to_vec::<f32>().unwrap();
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(worst < 1e-4, "{worst}");
+    }
 }

@@ -4,11 +4,11 @@
 //! `impl ModelBackend for MyBackend {}`; a backend overrides a method only where it has a measured
 //! reason to.
 
-use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
+use kvb_attn::AttentionBackend;
 
-/// A burn backend the model can run on.
-pub trait ModelBackend: Backend {
+/// A burn backend the model can run on (attention included, see [`AttentionBackend`]).
+pub trait ModelBackend: AttentionBackend {
     /// `x`: `[m, k]` times `w`: `[k, n]` (contiguous) -> `[m, n]`.
     fn linear_matmul(x: Tensor<Self, 2>, w: Tensor<Self, 2>) -> Tensor<Self, 2> {
         x.matmul(w)

@@ -12,7 +12,7 @@ use crate::kv_cache::KvCache;
 use crate::rope::{Rope, RopeTables};
 use crate::weights::{HostTensor, TensorSource, WeightLoader};
 use burn::tensor::{Int, Tensor, TensorData};
-use kvb_attn::{attention, Visibility};
+use kvb_attn::{AttentionBackend, Visibility};
 
 /// Which positions of a forward pass get logits. Projecting every prefill position through a
 /// 49k-vocabulary head would cost more than a layer, so only what is asked for is computed.
@@ -334,7 +334,8 @@ impl<B: ModelBackend> Model<B> {
                 cache.write_slots(layer, slots, k, v)?;
             }
             let (keys, values) = cache.prefix(layer, kv_len);
-            let att = attention(q, keys, values, &visibility, None, scale)?; // [1, hq, n, hd]
+            let att =
+                <B as AttentionBackend>::attention(q, keys, values, &visibility, None, scale)?; // [1, hq, n, hd]
             let att = att
                 .reshape([hq, n, hd])
                 .swap_dims(0, 1)

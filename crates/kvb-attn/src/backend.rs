@@ -1,0 +1,28 @@
+//! The attention a backend runs: the reference ops unless the backend has a faster kernel.
+
+use crate::{reference, AttnError, Visibility};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Bool, Tensor};
+
+/// A burn backend that can run kvb's attention. The default method is the reference in burn
+/// tensor ops, so `impl AttentionBackend for MyBackend {}` is all another backend needs; a backend
+/// overrides it only with a kernel that gives the same results (tested against the reference).
+pub trait AttentionBackend: Backend {
+    /// Same contract and shapes as [`crate::attention`].
+    fn attention(
+        q: Tensor<Self, 4>,
+        k: Tensor<Self, 4>,
+        v: Tensor<Self, 4>,
+        visibility: &Visibility,
+        extra_mask: Option<&Tensor<Self, 2, Bool>>,
+        scale: f32,
+    ) -> Result<Tensor<Self, 4>, AttnError> {
+        reference::attention(q, k, v, visibility, extra_mask, scale)
+    }
+}
+
+#[cfg(feature = "wgpu")]
+impl AttentionBackend for burn::backend::Wgpu<f32, i32> {}
+
+#[cfg(feature = "cuda")]
+impl AttentionBackend for burn::backend::Cuda<f32, i32> {}
