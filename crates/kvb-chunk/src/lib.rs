@@ -182,7 +182,11 @@ fn cut_points(n: usize, config: &ChunkConfig, tokens: &[u32]) -> Vec<usize> {
             }
         }
         ChunkStrategy::Semantic { paragraph_starts } => {
-            let mut starts: Vec<usize> = paragraph_starts.iter().copied().filter(|&s| s > 0 && s < n).collect();
+            let mut starts: Vec<usize> = paragraph_starts
+                .iter()
+                .copied()
+                .filter(|&s| s > 0 && s < n)
+                .collect();
             starts.sort_unstable();
             starts.dedup();
             starts.push(n);

@@ -24,7 +24,11 @@ fn config() -> impl Strategy<Value = ChunkConfig> {
             .prop_map(|paragraph_starts| ChunkStrategy::Semantic { paragraph_starts }),
         Just(ChunkStrategy::Document),
     ];
-    (1usize..200, 0usize..64, strategy).prop_map(|(size, min_tail, strategy)| ChunkConfig { size, min_tail, strategy })
+    (1usize..200, 0usize..64, strategy).prop_map(|(size, min_tail, strategy)| ChunkConfig {
+        size,
+        min_tail,
+        strategy,
+    })
 }
 
 fn assert_partition(chunks: &[Chunk], tokens: &[u32]) -> Result<(), TestCaseError> {
@@ -113,7 +117,14 @@ proptest! {
 
 #[test]
 fn boundary_tokens_come_from_the_vocabulary_text() {
-    let vocab = [(0, "hello"), (1, "."), (2, " world!"), (3, "Ċ"), (4, "a?"), (5, "x.y")];
+    let vocab = [
+        (0, "hello"),
+        (1, "."),
+        (2, " world!"),
+        (3, "Ċ"),
+        (4, "a?"),
+        (5, "x.y"),
+    ];
     let b = boundary_tokens(vocab);
     assert_eq!(b, [1, 2, 3, 4].into_iter().collect());
 }
@@ -121,8 +132,17 @@ fn boundary_tokens_come_from_the_vocabulary_text() {
 #[test]
 fn semantic_chunks_follow_paragraphs() {
     let tokens: Vec<u32> = (0..100).collect();
-    let cfg = ChunkConfig { size: 40, min_tail: 0, strategy: ChunkStrategy::Semantic { paragraph_starts: vec![10, 30, 45, 95] } };
-    let spans: Vec<_> = split(&tokens, &cfg, &ns()).iter().map(|c| c.span()).collect();
+    let cfg = ChunkConfig {
+        size: 40,
+        min_tail: 0,
+        strategy: ChunkStrategy::Semantic {
+            paragraph_starts: vec![10, 30, 45, 95],
+        },
+    };
+    let spans: Vec<_> = split(&tokens, &cfg, &ns())
+        .iter()
+        .map(|c| c.span())
+        .collect();
     // [0,10)+[10,30) fit in 40; [30,45) would overflow -> new chunk; [45,95) is 50 > 40 -> cut at
     // 40 tokens, and its last 10 tokens pack with the next paragraph [95,100).
     assert_eq!(spans, vec![0..30, 30..45, 45..85, 85..100]);

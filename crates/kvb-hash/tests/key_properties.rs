@@ -4,7 +4,12 @@ use kvb_hash::{Key, Namespace};
 use proptest::prelude::*;
 
 fn ns(model: &[u8], bits: u8) -> Namespace {
-    Namespace::builder().model_fingerprint(model).dtype("f32").chunking("fixed:128:32").kv_bits(bits).build()
+    Namespace::builder()
+        .model_fingerprint(model)
+        .dtype("f32")
+        .chunking("fixed:128:32")
+        .kv_bits(bits)
+        .build()
 }
 
 fn tokens() -> impl Strategy<Value = Vec<u32>> {
@@ -93,5 +98,8 @@ proptest! {
 #[test]
 fn prefix_and_content_keys_of_the_same_tokens_differ() {
     let n = ns(b"m", 16);
-    assert_ne!(n.prefix_key(&n.root(), &[1, 2, 3]).0, n.content_key(&[1, 2, 3]).0);
+    assert_ne!(
+        n.prefix_key(&n.root(), &[1, 2, 3]).0,
+        n.content_key(&[1, 2, 3]).0
+    );
 }
