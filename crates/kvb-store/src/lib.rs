@@ -1,1 +1,78 @@
-//! placeholder
+//! # kvb-store: the home of cached chunks
+//!
+//! A [`ChunkStore`] holds [`KvChunk`]s, the K (after RoPE) and V of every layer for one chunk of
+//! tokens, with its positions, tokens and keys, in f32, f16, bf16 or KIVI-quantized form.
+//!
+//! - **Lookups**: by prefix key (exact), by content key (approximate, flagged), both in one
+//!   two-tier [`ChunkStore::lookup`], every chunk of a chunked prompt in order
+//!   ([`ChunkStore::find_matching_chunks`]), and the longest cached prefix of a prompt *to the
+//!   token* through a token radix index ([`ChunkStore::longest_prefix`]), a partial last chunk
+//!   included, with a minimum prefix length.
+//! - **RAM tier** with a byte budget and pluggable eviction ([`EvictionPolicy`]): frequency with a
+//!   recency window (every hit counts), LRU, and pinned chunks that are never evicted.
+//! - **Disk tier** ([`DiskConfig`]): RAM evictions go to append-only segment files of checksummed
+//!   records and come back on a hit; the index is rebuilt from the files on open, so the cache
+//!   survives a restart; torn or corrupt records are skipped and counted, never returned; space is
+//!   reclaimed by compaction under a disk budget.
+//! - **Thread safety**: RAM hits take a shared lock (many readers at once, crossbeam's
+//!   `ShardedLock`); usage counters are atomics.
+//! - [`kv_ops`]: merge and slice K/V along the token axis.
+//! - [`token_cache`]: a token-level quantized KV cache with H2O, PyramidKV and sliding-window
+//!   eviction, for long live contexts (kvboost's `CacheManager`). It lives here, not in
+//!   kvb-quant, because it is a cache with eviction policies that merely *uses* quantization.
+//!
+//! Promises (proved by `tests/`): RAM bytes never exceed the budget; each policy evicts in its
+//! stated order and never a pinned chunk; after any sequence of operations the store answers like
+//! a plain map (model-based test); the disk tier survives a restart; truncated or bit-flipped
+//! segment files never yield a wrong chunk or a panic; concurrent readers and writers are safe.
+//!
+//! ```
+//! use kvb_hash::Namespace;
+//! use kvb_store::{ChunkStore, KvChunk, KvData, LayerKv, StoreConfig};
+//! let ns = Namespace::builder().model_fingerprint(b"m").build();
+//! let tokens = vec![5u32, 6, 7];
+//! let chunk = KvChunk {
+//!     prefix_key: ns.prefix_key(&ns.root(), &tokens),
+//!     content_key: ns.content_key(&tokens),
+//!     parent: ns.root(),
+//!     positions: vec![0, 1, 2],
+//!     kv_heads: 1,
+//!     head_dim: 2,
+//!     layers: vec![LayerKv { k: KvData::F32(vec![0.0; 6]), v: KvData::F32(vec![1.0; 6]) }],
+//!     tokens,
+//! };
+//! let store = ChunkStore::new(StoreConfig::ram(1 << 20)).unwrap();
+//! store.insert(chunk).unwrap();
+//! let hit = store.longest_prefix(ns.root(), &[5, 6, 9]).unwrap().unwrap();
+//! assert_eq!(hit.matched_tokens, 2); // a partial chunk: its first two tokens match
+//! ```
+#![warn(missing_docs)]
+
+mod chunk;
+pub mod codec;
+mod disk;
+pub mod kv_ops;
+mod policy;
+mod radix;
+mod store;
+pub mod token_cache;
+
+pub use chunk::{KvChunk, KvData, KvFormat, LayerKv};
+pub use disk::DiskConfig;
+pub use policy::EvictionPolicy;
+pub use radix::{PrefixPath, RadixIndex};
+pub use store::{ChunkMatch, ChunkStore, Inserted, PrefixMatch, StoreConfig, StoreStats};
+
+/// Everything that can go wrong in the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Invalid settings.
+    #[error("store config: {0}")]
+    Config(String),
+    /// A chunk whose K/V does not match its shape.
+    #[error("malformed chunk: {0}")]
+    BadChunk(String),
+    /// The disk tier failed (an I/O error, with the file).
+    #[error("disk tier: {0}")]
+    Disk(String),
+}
