@@ -16,7 +16,8 @@ const USAGE: &str = "usage: cargo xtask <command>
 commands:
   fetch-model   fetch the default model (SmolLM2-135M-Instruct) into models/
   ci            format check, build, fetch the model, all tests, an end-to-end generate
-  bench model   prefill/decode speed of the default model vs the machine's matmul rate";
+  bench model   prefill/decode speed of the default model vs the machine's matmul rate
+  bench cache   key hashing, KIVI quantize/dequantize, store lookups (100k chunks), disk tier";
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -127,6 +128,22 @@ fn bench(args: &[String]) -> Result<()> {
             "--bench",
             "model_speed",
         ])),
-        _ => bail!("usage: cargo xtask bench model"),
+        // Criterion benches of the cache crates, with short measurement windows: medians of
+        // ~2 s of samples each are stable enough to compare, and the whole run stays near 2 min.
+        Some("cache") => run(cargo().args([
+            "bench",
+            "-p",
+            "kvb-hash",
+            "-p",
+            "kvb-quant",
+            "-p",
+            "kvb-store",
+            "--",
+            "--warm-up-time",
+            "1",
+            "--measurement-time",
+            "2",
+        ])),
+        _ => bail!("usage: cargo xtask bench model|cache"),
     }
 }

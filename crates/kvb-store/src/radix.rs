@@ -14,12 +14,14 @@ struct Node {
     tokens: Vec<u32>,
 }
 
-/// The index: nodes by prefix key, and children by parent key. A child whose parent is absent stays
-/// listed, and becomes reachable again when the parent is stored again under the same key.
+/// The index: nodes by prefix key, and children by (parent key, first token), so a step of the walk
+/// looks only at the children that can match at all (a cache of 100k first chunks all hang off the
+/// root). A child whose parent is absent stays listed, and becomes reachable again when the parent
+/// is stored again under the same key.
 #[derive(Debug, Default, Clone)]
 pub struct RadixIndex {
     nodes: HashMap<PrefixKey, Node>,
-    children: HashMap<PrefixKey, Vec<PrefixKey>>,
+    children: HashMap<(PrefixKey, u32), Vec<PrefixKey>>,
 }
 
 /// The longest cached prefix of a prompt: the chain of chunks and how many tokens of each it uses.
@@ -36,11 +38,12 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 }
 
 impl RadixIndex {
-    /// Adds a chunk (idempotent).
+    /// Adds a chunk (idempotent; an empty chunk is ignored).
     pub fn insert(&mut self, key: PrefixKey, parent: PrefixKey, tokens: &[u32]) {
         if self.nodes.contains_key(&key) {
             return;
         }
+        let Some(&first) = tokens.first() else { return };
         self.nodes.insert(
             key,
             Node {
@@ -48,16 +51,17 @@ impl RadixIndex {
                 tokens: tokens.to_vec(),
             },
         );
-        self.children.entry(parent).or_default().push(key);
+        self.children.entry((parent, first)).or_default().push(key);
     }
 
     /// Removes a chunk; its children stay listed under its key.
     pub fn remove(&mut self, key: &PrefixKey) {
         if let Some(node) = self.nodes.remove(key) {
-            if let Some(siblings) = self.children.get_mut(&node.parent) {
+            let slot = (node.parent, node.tokens[0]);
+            if let Some(siblings) = self.children.get_mut(&slot) {
                 siblings.retain(|k| k != key);
                 if siblings.is_empty() {
-                    self.children.remove(&node.parent);
+                    self.children.remove(&slot);
                 }
             }
         }
@@ -89,7 +93,7 @@ impl RadixIndex {
             let rest = &tokens[path.matched..];
             let best = self
                 .children
-                .get(&current)
+                .get(&(current, rest[0]))
                 .into_iter()
                 .flatten()
                 .filter_map(|k| {
