@@ -24,6 +24,10 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt, streaming it to stdout.
     Generate(commands::generate::GenerateArgs),
+    /// Chat interactively; each turn reuses the K/V of the conversation so far.
+    Chat(commands::chat::ChatArgs),
+    /// A scripted chat and a moved document: TTFT cold vs warm, reuse per turn.
+    Demo(commands::demo::DemoArgs),
     /// Fetch the default model into the models folder (idempotent).
     FetchModel,
 }
@@ -32,6 +36,8 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Generate(args) => commands::generate::run(args),
+        Command::Chat(args) => commands::chat::run(args),
+        Command::Demo(args) => commands::demo::run(args),
         Command::FetchModel => model_arg::resolve(None).map(|p| {
             eprintln!("default model ready at {}", p.display());
         }),

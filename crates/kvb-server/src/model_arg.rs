@@ -2,9 +2,9 @@
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
+use kvb_engine::{model_fingerprint, Engine, EngineConfig};
 use kvb_model::fetch::{ensure_default_model, models_dir};
-use kvb_model::ModelBackend;
-use kvb_model::{load_pretrained, LoadOptions, Pretrained};
+use kvb_model::{load_pretrained, LoadOptions, ModelBackend, Pretrained};
 use std::path::{Path, PathBuf};
 
 /// The model path to use: the given one, or the default model (fetched if absent).
@@ -44,4 +44,16 @@ pub fn load<B: ModelBackend>(
     .with_context(|| format!("loading {}", path.display()));
     bar.finish_and_clear();
     m
+}
+
+/// Loads `path` and wraps it in an engine with `config`.
+pub fn load_engine<B: ModelBackend>(
+    path: &Path,
+    config: EngineConfig,
+    device: &B::Device,
+) -> anyhow::Result<Engine<B>> {
+    let m = load::<B>(path, config.strict, device)?;
+    let fingerprint =
+        model_fingerprint(path, m.format, m.model.config()).context("fingerprinting the model")?;
+    Ok(Engine::new(m.model, m.tokenizer, &fingerprint, config)?)
 }

@@ -473,6 +473,12 @@ impl ChunkStore {
         }))
     }
 
+    /// Whether some chunk with these tokens is stored (without counting a lookup): a cheap probe
+    /// for scanning a prompt at every offset.
+    pub fn has_content(&self, content: &ContentKey) -> bool {
+        self.read().by_content.contains_key(content)
+    }
+
     /// Whether `key` is stored in either tier (without counting a lookup).
     pub fn contains(&self, key: &PrefixKey) -> bool {
         let inner = self.read();

@@ -263,6 +263,24 @@ impl<B: ModelBackend> Model<B> {
         )
     }
 
+    fn check_slots(&self, tokens: &[u32], slots: &[usize], cache: &KvCache<B>) -> Result<()> {
+        if slots.len() != tokens.len() {
+            return Err(ModelError::Forward(format!(
+                "{} slots for {} tokens",
+                slots.len(),
+                tokens.len()
+            )));
+        }
+        if slots.windows(2).any(|w| w[0] >= w[1]) || slots.last().is_some_and(|&s| s >= cache.len())
+        {
+            return Err(ModelError::Forward(format!(
+                "recompute slots must increase and lie below the cache length {}",
+                cache.len()
+            )));
+        }
+        Ok(())
+    }
+
     fn check_inputs(&self, tokens: &[u32], positions: &[usize]) -> Result<()> {
         if tokens.is_empty() {
             return Err(ModelError::Forward("no tokens to run".into()));
@@ -292,6 +310,115 @@ impl<B: ModelBackend> Model<B> {
         Ok(())
     }
 
+    /// `[n, hidden]` embeddings of `tokens` (scaled for Gemma).
+    fn embed(&self, tokens: &[u32]) -> Tensor<B, 2> {
+        let n = tokens.len();
+        let ids: Vec<i64> = tokens.iter().map(|&t| t as i64).collect();
+        let ids = Tensor::<B, 1, Int>::from_data(TensorData::new(ids, [n]), &self.device);
+        let x = self.embed.clone().select(0, ids);
+        match self.config.embedding_scale() {
+            Some(scale) => x * scale,
+            None => x,
+        }
+    }
+
+    /// Splits fused q/k/v projections of `x` (`[n, hidden]`) into heads: q `[1, hq, n, hd]` and k, v
+    /// `[1, hkv, n, hd]`, with q and k rotated to their positions.
+    fn qkv(
+        &self,
+        layer: usize,
+        x: Tensor<B, 2>,
+        rope: &RopeTables<B>,
+    ) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) {
+        let c = &self.config;
+        let (hq, hkv, hd) = (c.num_heads, c.num_kv_heads, c.head_dim);
+        let n = x.dims()[0];
+        let block = &self.blocks[layer];
+        let qkv = block.qkv.forward(block.attn_norm.forward(x)); // [n, (hq + 2 hkv) hd]
+        let heads = |from: usize, count: usize| {
+            qkv.clone()
+                .slice([0..n, from * hd..(from + count) * hd])
+                .reshape([n, count, hd])
+                .swap_dims(0, 1)
+                .unsqueeze::<4>() // [1, count, n, hd]
+        };
+        (
+            rope.apply(heads(0, hq)),
+            rope.apply(heads(hq, hkv)),
+            heads(hq + hkv, hkv),
+        )
+    }
+
+    /// One transformer block over `x` (`[n, hidden]`): writes the tokens' K/V at `slots`, attends
+    /// over slots `0..kv_len` with `visibility`, returns the new residual stream.
+    #[allow(clippy::too_many_arguments)]
+    fn block(
+        &self,
+        layer: usize,
+        x: Tensor<B, 2>,
+        rope: &RopeTables<B>,
+        slots: &[usize],
+        kv_len: usize,
+        visibility: &Visibility,
+        cache: &mut KvCache<B>,
+    ) -> Result<Tensor<B, 2>> {
+        let c = &self.config;
+        let (hq, hd) = (c.num_heads, c.head_dim);
+        let n = x.dims()[0];
+        let block = &self.blocks[layer];
+        let (q, k, v) = self.qkv(layer, x.clone(), rope);
+        if slots.windows(2).all(|w| w[1] == w[0] + 1) {
+            cache.write(layer, slots[0], k, v)?;
+        } else {
+            cache.write_slots(layer, slots, k, v)?;
+        }
+        let (keys, values) = cache.prefix(layer, kv_len);
+        let scale = (hd as f32).powf(-0.5);
+        let att = <B as AttentionBackend>::attention(q, keys, values, visibility, None, scale)?; // [1, hq, n, hd]
+        let att = att
+            .reshape([hq, n, hd])
+            .swap_dims(0, 1)
+            .reshape([n, hq * hd]);
+        let x = x + block.o.forward(att);
+
+        let inter = c.intermediate_size;
+        let gu = block.gate_up.forward(block.mlp_norm.forward(x.clone())); // [n, 2 inter]
+        let gate = activate(c.activation, gu.clone().slice([0..n, 0..inter]));
+        let up = gu.slice([0..n, inter..2 * inter]);
+        Ok(x + block.down.forward(gate * up))
+    }
+
+    /// Runs `tokens` (already in the cache at `slots`, below `cache.len()`) through layers
+    /// `0..layer`, rewriting their K/V there, and returns the fresh keys `[1, hkv, n, hd]` that
+    /// layer `layer` computes for them, without writing those.
+    ///
+    /// CacheBlend uses it: how far these keys are from the cached ones of layer `layer` measures
+    /// how much each reused token's K/V depends on the context it now has.
+    pub fn probe_keys(
+        &self,
+        tokens: &[u32],
+        positions: &[usize],
+        slots: &[usize],
+        cache: &mut KvCache<B>,
+        layer: usize,
+    ) -> Result<Tensor<B, 4>> {
+        self.check_inputs(tokens, positions)?;
+        self.check_slots(tokens, slots, cache)?;
+        if layer >= self.config.num_layers {
+            return Err(ModelError::Forward(format!(
+                "layer {layer} of {}",
+                self.config.num_layers
+            )));
+        }
+        let rope: RopeTables<B> = self.rope.tables(positions, &self.device);
+        let visibility = Visibility::UpToSlot(slots.to_vec());
+        let mut x = self.embed(tokens);
+        for l in 0..layer {
+            x = self.block(l, x, &rope, slots, cache.len(), &visibility, cache)?;
+        }
+        Ok(self.qkv(layer, x, &rope).1)
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn run(
         &self,
@@ -305,48 +432,10 @@ impl<B: ModelBackend> Model<B> {
     ) -> Result<Tensor<B, 2>> {
         let c = &self.config;
         let n = tokens.len();
-        let (hq, hkv, hd) = (c.num_heads, c.num_kv_heads, c.head_dim);
-        let ids: Vec<i64> = tokens.iter().map(|&t| t as i64).collect();
-        let ids = Tensor::<B, 1, Int>::from_data(TensorData::new(ids, [n]), &self.device);
-        let mut x = self.embed.clone().select(0, ids); // [n, hidden]
-        if let Some(scale) = c.embedding_scale() {
-            x = x * scale;
-        }
         let rope: RopeTables<B> = self.rope.tables(positions, &self.device);
-        let scale = (hd as f32).powf(-0.5);
-        let contiguous = slots.windows(2).all(|w| w[1] == w[0] + 1);
-
-        for (layer, block) in self.blocks.iter().enumerate() {
-            let qkv = block.qkv.forward(block.attn_norm.forward(x.clone())); // [n, (hq + 2 hkv) hd]
-            let heads = |from: usize, count: usize| {
-                qkv.clone()
-                    .slice([0..n, from * hd..(from + count) * hd])
-                    .reshape([n, count, hd])
-                    .swap_dims(0, 1)
-                    .unsqueeze::<4>() // [1, count, n, hd]
-            };
-            let q = rope.apply(heads(0, hq));
-            let k = rope.apply(heads(hq, hkv));
-            let v = heads(hq + hkv, hkv);
-            if contiguous {
-                cache.write(layer, slots[0], k, v)?;
-            } else {
-                cache.write_slots(layer, slots, k, v)?;
-            }
-            let (keys, values) = cache.prefix(layer, kv_len);
-            let att =
-                <B as AttentionBackend>::attention(q, keys, values, &visibility, None, scale)?; // [1, hq, n, hd]
-            let att = att
-                .reshape([hq, n, hd])
-                .swap_dims(0, 1)
-                .reshape([n, hq * hd]);
-            x = x + block.o.forward(att);
-
-            let inter = c.intermediate_size;
-            let gu = block.gate_up.forward(block.mlp_norm.forward(x.clone())); // [n, 2 inter]
-            let gate = activate(c.activation, gu.clone().slice([0..n, 0..inter]));
-            let up = gu.slice([0..n, inter..2 * inter]);
-            x = x + block.down.forward(gate * up);
+        let mut x = self.embed(tokens);
+        for layer in 0..self.blocks.len() {
+            x = self.block(layer, x, &rope, slots, kv_len, &visibility, cache)?;
         }
 
         let rows = match logits {

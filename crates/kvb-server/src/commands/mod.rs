@@ -1,3 +1,6 @@
 //! One module per `kvb` subcommand.
 
+pub mod chat;
+pub mod demo;
+pub mod engine_args;
 pub mod generate;
