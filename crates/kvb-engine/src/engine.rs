@@ -308,27 +308,42 @@ impl<B: ModelBackend> Engine<B> {
         stages.assemble += t.elapsed();
         let mut pos = plan.prefix_tokens;
         out.exact_until = n;
-        for it in &plan.interior {
-            if it.start > pos {
+        // Adjacent reused chunks form one span: placed, and repaired, in one pass. A CacheBlend
+        // pass costs one probe and one forward of the selected tokens; chunk by chunk, those
+        // fixed costs were paid per chunk (measured: 3 chunks of a moved document, 500 ms).
+        let mut i = 0;
+        while i < plan.interior.len() {
+            let mut j = i + 1;
+            while j < plan.interior.len()
+                && plan.interior[j].start
+                    == plan.interior[j - 1].start + plan.interior[j - 1].chunk.len()
+            {
+                j += 1;
+            }
+            let run = &plan.interior[i..j];
+            let last = &run[run.len() - 1];
+            let span = run[0].start..last.start + last.chunk.len();
+            if span.start > pos {
                 let t = Instant::now();
                 self.model.forward(
-                    &tokens[pos..it.start],
-                    &positions[pos..it.start],
+                    &tokens[pos..span.start],
+                    &positions[pos..span.start],
                     cache,
                     LogitsFor::Nothing,
                 )?;
                 stages.live_prefill += t.elapsed();
             }
             let t = Instant::now();
-            let len = it.chunk.len();
-            let span = it.start..it.start + len;
-            let piece = [Piece {
-                chunk: &it.chunk,
-                range: 0..len,
-            }];
+            let pieces: Vec<Piece> = run
+                .iter()
+                .map(|it| Piece {
+                    chunk: &it.chunk,
+                    range: 0..it.chunk.len(),
+                })
+                .collect();
             append_pieces(
                 cache,
-                &piece,
+                &pieces,
                 Some((self.model.rope(), &positions[span.clone()])),
             )?;
             stages.assemble += t.elapsed();
@@ -345,11 +360,12 @@ impl<B: ModelBackend> Engine<B> {
                 &self.repair_config(true),
             )?;
             stages.repair += t.elapsed();
-            out.cached_tokens += len;
+            out.cached_tokens += span.len();
             out.recomputed_tokens += report.recomputed_slots.len();
-            out.approximate_chunks += 1;
-            out.exact_until = out.exact_until.min(it.start);
+            out.approximate_chunks += run.len();
+            out.exact_until = out.exact_until.min(span.start);
             pos = span.end;
+            i = j;
         }
         let t = Instant::now();
         let last = self

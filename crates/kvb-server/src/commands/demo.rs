@@ -27,15 +27,34 @@ const QUESTIONS: [&str; 6] = [
     "Name another city in the same country.",
 ];
 
-const DOCUMENT: &str = "The Amazon rainforest covers much of the Amazon basin of South America. \
-The basin encompasses seven million square kilometres, of which five and a half million are covered \
-by the rainforest. The region includes territory belonging to nine nations, and the majority of the \
-forest is contained within Brazil, with sixty percent of the rainforest, followed by Peru with \
-thirteen percent and Colombia with ten percent. The rainforest likely formed during the Eocene era. \
-It has been estimated that the region holds about sixteen thousand tree species and some three \
-hundred and ninety billion individual trees. Deforestation is the conversion of forested areas to \
-non-forested areas, and the main sources of deforestation in the Amazon are human settlement and \
-development of the land.";
+/// A ~600-token document, as a RAG application would retrieve it.
+const DOCUMENT: &str = "The Amazon rainforest covers much of the Amazon basin of South America. The basin \
+encompasses seven million square kilometres, of which five and a half million are covered by the \
+rainforest. The region includes territory belonging to nine nations, and the majority of the forest \
+is contained within Brazil, with sixty percent of the rainforest, followed by Peru with thirteen \
+percent and Colombia with ten percent. The rainforest likely formed during the Eocene era, after a \
+global reduction of tropical temperatures when the Atlantic Ocean had widened sufficiently to provide \
+a warm, moist climate to the Amazon basin. It has been estimated that the region holds about sixteen \
+thousand tree species and some three hundred and ninety billion individual trees.
+
+The Amazon River is the largest river in the world by discharge volume of water, and one of the two \
+longest. It rises in the Andes mountains of Peru and flows eastward across the continent to the \
+Atlantic Ocean. During the wet season, parts of the river can exceed forty kilometres in width, and \
+its mouth releases so much fresh water that the sea remains drinkable far from the coast. More than \
+three thousand species of fish have been described from the river and its tributaries.
+
+Deforestation is the conversion of forested areas to non-forested areas. The main sources of \
+deforestation in the Amazon are human settlement and the development of the land, in particular cattle \
+ranching and the cultivation of soybeans. Satellite monitoring began in the late nineteen eighties, \
+and the annual rate of forest loss has varied widely since then, rising with commodity prices and \
+falling when enforcement of environmental law was strengthened. Scientists warn that continued loss \
+could push parts of the forest past a tipping point, turning rainforest into dry savanna.
+
+Indigenous peoples have lived in the Amazon for at least eleven thousand years. Hundreds of distinct \
+groups live there today, speaking many languages, and their territories protect large areas of forest \
+from clearing. Archaeological work has revealed earthworks, raised fields and dark fertile soils made \
+by earlier societies, which show that parts of the forest were shaped by people long before Europeans \
+arrived.";
 
 fn row(
     label: &str,
@@ -116,39 +135,52 @@ fn run_on<B: ModelBackend>(
             true,
         )?)
     };
-    println!("| request | prompt tokens | TTFT cold (baseline) | TTFT warm (kvb) | speedup | reuse | recomputed | same output |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---|");
-    let first = chat("Read this text.", "Which country holds most of the forest?")?;
-    let cold = blend.generate(&first, &opts(GenerationMode::Baseline), &mut |_| {})?;
-    let warm = blend.generate(&first, &opts(GenerationMode::ChunkReuse), &mut |_| {})?;
-    row(
-        "document first seen",
-        warm.prompt_tokens,
-        cold.ttft_ms,
-        warm.ttft_ms,
-        warm.kv_reuse_ratio,
-        warm.recomputed_tokens,
-        cold.token_ids == warm.token_ids,
-    );
-    let moved = chat(
-        "You are a careful geography tutor. Answer briefly, using the text below.",
-        "How many tree species does the region hold?",
-    )?;
-    let cold = blend.generate(&moved, &opts(GenerationMode::Baseline), &mut |_| {})?;
-    let warm = blend.generate(&moved, &opts(GenerationMode::ChunkReuse), &mut |_| {})?;
-    row(
-        "same document, new preamble",
-        warm.prompt_tokens,
-        cold.ttft_ms,
-        warm.ttft_ms,
-        warm.kv_reuse_ratio,
-        warm.recomputed_tokens,
-        cold.token_ids == warm.token_ids,
-    );
+    // As a RAG application would: the document is warmed once on its own, so each of its chunks
+    // holds document text only and is found wherever the document lands in a prompt.
+    let warmed = blend.warm(DOCUMENT)?;
     println!(
-        "\nbaseline answer: {}\nkvb answer:      {}",
-        cold.output_text.trim(),
-        warm.output_text.trim()
+        "(warmed the document alone: {} tokens, {} chunks)\n",
+        warmed.tokens, warmed.chunks_stored
     );
+    println!("| preamble | prompt tokens | TTFT cold (baseline) | TTFT warm (kvb) | speedup | reuse | recomputed | same output |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---|");
+    let asks = [
+        ("Read this text.", "Which country holds most of the forest?"),
+        (
+            "You are a careful geography tutor. Answer briefly, using the text below.",
+            "How many tree species does the region hold?",
+        ),
+        (
+            "Answer the question after the article.",
+            "Where does the Amazon River rise?",
+        ),
+    ];
+    let mut answers = Vec::new();
+    for (i, (preamble, question)) in asks.iter().enumerate() {
+        let prompt = chat(preamble, question)?;
+        let cold = blend.generate(&prompt, &opts(GenerationMode::Baseline), &mut |_| {})?;
+        let warm = blend.generate(&prompt, &opts(GenerationMode::ChunkReuse), &mut |_| {})?;
+        row(
+            &format!("{}", i + 1),
+            warm.prompt_tokens,
+            cold.ttft_ms,
+            warm.ttft_ms,
+            warm.kv_reuse_ratio,
+            warm.recomputed_tokens,
+            cold.token_ids == warm.token_ids,
+        );
+        if std::env::var_os("KVB_DEMO_STAGES").is_some() {
+            eprintln!("stages: {:?}", warm.stages);
+        }
+        answers.push((cold.output_text, warm.output_text));
+    }
+    for (i, (cold, warm)) in answers.iter().enumerate() {
+        println!(
+            "\n{}. baseline: {}\n   kvb:      {}",
+            i + 1,
+            cold.trim().replace('\n', " "),
+            warm.trim().replace('\n', " ")
+        );
+    }
     Ok(())
 }
