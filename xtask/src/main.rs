@@ -14,6 +14,7 @@ const MODEL_FEATURES: &str = "kvb-model/wgpu,kvb-model/cuda";
 const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
+  demo          a scripted chat and a moved document on the default model: TTFT cold vs warm
   fetch-model   fetch the default model (SmolLM2-135M-Instruct) into models/
   ci            format check, build, fetch the model, all tests, an end-to-end generate
   bench model   prefill/decode speed of the default model vs the machine's matmul rate
@@ -25,6 +26,7 @@ fn main() -> Result<()> {
     std::env::set_current_dir(&root).with_context(|| format!("cd {}", root.display()))?;
     match args.first().map(String::as_str) {
         Some("fetch-model") => fetch_model(),
+        Some("demo") => run(&mut kvb(&["demo"])),
         Some("ci") => ci(),
         Some("bench") => bench(&args[1..]),
         _ => {

@@ -29,9 +29,10 @@ fn values(t: Tensor<B, 2>) -> Vec<f32> {
     t.into_data().to_vec::<f32>().unwrap()
 }
 
-/// Largest difference relative to the reference's scale: GEMM blocking changes with the number of
-/// rows, so results agree to float rounding (~1e-6 relative), while a wrong mask, position or slot
-/// shows up as an O(1) difference.
+/// Largest difference relative to the reference's scale. Summation order changes with the number
+/// of rows computed (GEMM blocking; up to 8 rows take the GEMV path), and these random models
+/// amplify rounding through their layers: measured worst case 1.8e-4 over 600 random recomputes.
+/// A wrong mask, position or slot shows up as an O(1) difference.
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     let scale = b.iter().fold(1f32, |m, x| m.max(x.abs()));
@@ -77,9 +78,9 @@ proptest! {
         m.forward(&toks[..split], &all[..split], &mut parts, LogitsFor::Nothing).unwrap();
         let got = values(m.forward(&toks[split..], &all[split..], &mut parts, LogitsFor::All).unwrap());
         let vocab = want.len() / n;
-        prop_assert!(max_diff(&got, &want[split * vocab..]) < 1e-4);
+        prop_assert!(max_diff(&got, &want[split * vocab..]) < 1e-3);
         for layer in 0..2 {
-            prop_assert!(max_diff(&kv_values(&parts, layer, 0..n), &kv_values(&full, layer, 0..n)) < 1e-4);
+            prop_assert!(max_diff(&kv_values(&parts, layer, 0..n), &kv_values(&full, layer, 0..n)) < 1e-3);
         }
     }
 
@@ -104,10 +105,10 @@ proptest! {
         let got = values(m.forward_at_slots(&sub, &slots, &slots, &mut cache, LogitsFor::Rows(rows)).unwrap());
         let vocab = full.len() / n;
         for (r, &s) in slots.iter().enumerate() {
-            prop_assert!(max_diff(&got[r * vocab..(r + 1) * vocab], &full[s * vocab..(s + 1) * vocab]) < 1e-4);
+            prop_assert!(max_diff(&got[r * vocab..(r + 1) * vocab], &full[s * vocab..(s + 1) * vocab]) < 1e-3);
         }
         for (layer, want) in before.iter().enumerate() {
-            prop_assert!(max_diff(&kv_values(&cache, layer, 0..n), want) < 1e-4);
+            prop_assert!(max_diff(&kv_values(&cache, layer, 0..n), want) < 1e-3);
         }
     }
 }
@@ -131,7 +132,7 @@ fn decoding_token_by_token_equals_one_prefill() {
                     .unwrap(),
             );
             let d = max_diff(&got, &want[i * vocab..(i + 1) * vocab]);
-            assert!(d < 1e-4, "kv_heads {kv_heads}, step {i}: {d}");
+            assert!(d < 1e-3, "kv_heads {kv_heads}, step {i}: {d}");
         }
         assert_eq!(inc.len(), 24);
     }
@@ -163,7 +164,7 @@ fn kv_restored_into_a_new_cache_continues_bit_identically() {
     // And within float tolerance of one full prefill.
     let mut full = m.new_cache();
     let one = values(m.forward(&toks, &all, &mut full, LogitsFor::Last).unwrap());
-    assert!(max_diff(&got, &one) < 1e-4);
+    assert!(max_diff(&got, &one) < 1e-3);
 }
 
 #[test]
