@@ -35,6 +35,7 @@
 mod backend;
 #[cfg(feature = "ndarray")]
 mod cpu;
+pub mod fastmath;
 mod mask;
 mod reference;
 

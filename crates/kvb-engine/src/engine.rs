@@ -238,9 +238,9 @@ impl<B: ModelBackend> Engine<B> {
     fn find_interior(&self, tokens: &[u32], from: usize) -> Result<Vec<Interior>, EngineError> {
         let n = tokens.len();
         let mut found = Vec::new();
-        let mut take = |start: usize,
-                        window: &[u32],
-                        found: &mut Vec<Interior>|
+        let take = |start: usize,
+                    window: &[u32],
+                    found: &mut Vec<Interior>|
          -> Result<bool, EngineError> {
             let key = self.namespace.content_key(window);
             if !self.store.has_content(&key) {

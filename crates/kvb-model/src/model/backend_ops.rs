@@ -4,6 +4,7 @@
 //! `impl ModelBackend for MyBackend {}`; a backend overrides a method only where it has a measured
 //! reason to.
 
+use crate::config::Activation;
 use burn::tensor::Tensor;
 use kvb_attn::AttentionBackend;
 
@@ -13,6 +14,38 @@ pub trait ModelBackend: AttentionBackend {
     fn linear_matmul(x: Tensor<Self, 2>, w: Tensor<Self, 2>) -> Tensor<Self, 2> {
         x.matmul(w)
     }
+
+    /// RMSNorm: `x` `[n, h]` divided by its root mean square, times `weight` `[1, h]`.
+    fn rms_norm(x: Tensor<Self, 2>, weight: Tensor<Self, 2>, eps: f64) -> Tensor<Self, 2> {
+        rms_norm_reference(x, weight, eps)
+    }
+
+    /// The gated MLP's middle: `gu` `[n, 2 i]` holds gate then up; returns `act(gate) * up` `[n, i]`.
+    fn gated_activation(gu: Tensor<Self, 2>, act: Activation) -> Tensor<Self, 2> {
+        gated_activation_reference(gu, act)
+    }
+}
+
+/// [`ModelBackend::rms_norm`] in burn tensor ops.
+pub fn rms_norm_reference<B: burn::tensor::backend::Backend>(
+    x: Tensor<B, 2>,
+    weight: Tensor<B, 2>,
+    eps: f64,
+) -> Tensor<B, 2> {
+    let mean_sq = (x.clone() * x.clone()).mean_dim(1);
+    let inv = (mean_sq + eps).sqrt().recip();
+    x * inv * weight
+}
+
+/// [`ModelBackend::gated_activation`] in burn tensor ops.
+pub fn gated_activation_reference<B: burn::tensor::backend::Backend>(
+    gu: Tensor<B, 2>,
+    act: Activation,
+) -> Tensor<B, 2> {
+    let [n, two_i] = gu.dims();
+    let i = two_i / 2;
+    let gate = super::layers::activate(act, gu.clone().slice([0..n, 0..i]));
+    gate * gu.slice([0..n, i..two_i])
 }
 
 #[cfg(feature = "wgpu")]
@@ -24,8 +57,10 @@ impl ModelBackend for crate::backends::Cuda {}
 #[cfg(feature = "ndarray")]
 mod cpu {
     use super::ModelBackend;
+    use crate::config::Activation;
     use burn::tensor::{Tensor, TensorData, TensorPrimitive};
     use burn_ndarray::{NdArray, NdArrayTensor};
+    use kvb_attn::fastmath::fast_exp;
     use rayon::prelude::*;
 
     /// Up to this many rows, a product is a few matrix-vector products: burn-ndarray would send it
@@ -80,7 +115,78 @@ mod cpu {
         y
     }
 
+    /// Rows per parallel task for row-wise ops (RMSNorm, SwiGLU): enough work to amortise rayon.
+    const ROWS_PER_TASK: usize = 16;
+
+    /// The contiguous f32 values of a 2-d tensor, or `None` (then the generic path runs).
+    fn rows_of(t: &Tensor<NdArray<f32>, 2>) -> Option<NdArrayTensor> {
+        match t.clone().into_primitive() {
+            TensorPrimitive::Float(p) => Some(p),
+            _ => None,
+        }
+    }
+
     impl ModelBackend for NdArray<f32> {
+        /// One pass per row instead of six tensor ops (square, mean, add, sqrt, recip, two muls),
+        /// each allocating an `[n, h]` tensor. Sums in f32, as transformers does.
+        fn rms_norm(x: Tensor<Self, 2>, weight: Tensor<Self, 2>, eps: f64) -> Tensor<Self, 2> {
+            let [n, h] = x.dims();
+            let (Some(xp), Some(wp)) = (rows_of(&x), rows_of(&weight)) else {
+                return super::rms_norm_reference(x, weight, eps);
+            };
+            let (Some((xs, xv)), Some((ws, wv))) = (f32_slice(&xp), f32_slice(&wp)) else {
+                return super::rms_norm_reference(x, weight, eps);
+            };
+            if xs != [n, h] || ws != [1, h] {
+                return super::rms_norm_reference(x, weight, eps);
+            }
+            let mut out = vec![0f32; n * h];
+            out.par_chunks_mut(h * ROWS_PER_TASK)
+                .zip(xv.par_chunks(h * ROWS_PER_TASK))
+                .for_each(|(o, xr)| {
+                    for (orow, xrow) in o.chunks_mut(h).zip(xr.chunks(h)) {
+                        let ms = xrow.iter().map(|v| v * v).sum::<f32>() / h as f32;
+                        let inv = 1.0 / (ms + eps as f32).sqrt();
+                        for ((o, &v), &w) in orow.iter_mut().zip(xrow).zip(wv) {
+                            *o = v * inv * w;
+                        }
+                    }
+                });
+            Tensor::from_data(TensorData::new(out, [n, h]), &x.device())
+        }
+
+        /// SwiGLU in one pass: burn's sigmoid takes eight elementwise passes with two
+        /// transcendentals (`exp(-log(exp(-x) + 1))`); this is `g / (1 + e^-g) * u` per element.
+        fn gated_activation(gu: Tensor<Self, 2>, act: Activation) -> Tensor<Self, 2> {
+            let [n, two_i] = gu.dims();
+            let i = two_i / 2;
+            let generic = |gu| super::gated_activation_reference(gu, act);
+            if act != Activation::Silu {
+                return generic(gu);
+            }
+            let Some(p) = rows_of(&gu) else {
+                return generic(gu);
+            };
+            let Some((shape, v)) = f32_slice(&p) else {
+                return generic(gu);
+            };
+            if shape != [n, two_i] {
+                return generic(gu);
+            }
+            let mut out = vec![0f32; n * i];
+            out.par_chunks_mut(i * ROWS_PER_TASK)
+                .zip(v.par_chunks(two_i * ROWS_PER_TASK))
+                .for_each(|(o, rows)| {
+                    for (orow, row) in o.chunks_mut(i).zip(rows.chunks(two_i)) {
+                        let (gate, up) = row.split_at(i);
+                        for ((o, &g), &u) in orow.iter_mut().zip(gate).zip(up) {
+                            *o = g / (1.0 + fast_exp(-g)) * u;
+                        }
+                    }
+                });
+            Tensor::from_data(TensorData::new(out, [n, i]), &gu.device())
+        }
+
         fn linear_matmul(x: Tensor<Self, 2>, w: Tensor<Self, 2>) -> Tensor<Self, 2> {
             let [m, k] = x.dims();
             let [_, n] = w.dims();

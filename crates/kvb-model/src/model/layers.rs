@@ -83,13 +83,13 @@ fn transpose_into(
 
 /// Root-mean-square normalisation with a learned scale.
 #[derive(Debug, Clone)]
-pub struct RmsNorm<B: Backend> {
+pub struct RmsNorm<B: ModelBackend> {
     /// `[1, hidden]`; Gemma's stored `w - 1` already has the 1 added back.
     weight: Tensor<B, 2>,
     eps: f64,
 }
 
-impl<B: Backend> RmsNorm<B> {
+impl<B: ModelBackend> RmsNorm<B> {
     /// `weight`: `[hidden]`.
     pub fn new(mut weight: Vec<f32>, add_one: bool, eps: f64, device: &B::Device) -> Self {
         if add_one {
@@ -104,9 +104,7 @@ impl<B: Backend> RmsNorm<B> {
 
     /// `x`: `[n, hidden]` -> `x / rms(x) * w`.
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        let mean_sq = (x.clone() * x.clone()).mean_dim(1);
-        let inv = (mean_sq + self.eps).sqrt().recip();
-        x * inv * self.weight.clone()
+        B::rms_norm(x, self.weight.clone(), self.eps)
     }
 }
 

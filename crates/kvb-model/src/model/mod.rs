@@ -381,11 +381,8 @@ impl<B: ModelBackend> Model<B> {
             .reshape([n, hq * hd]);
         let x = x + block.o.forward(att);
 
-        let inter = c.intermediate_size;
         let gu = block.gate_up.forward(block.mlp_norm.forward(x.clone())); // [n, 2 inter]
-        let gate = activate(c.activation, gu.clone().slice([0..n, 0..inter]));
-        let up = gu.slice([0..n, inter..2 * inter]);
-        Ok(x + block.down.forward(gate * up))
+        Ok(x + block.down.forward(B::gated_activation(gu, c.activation)))
     }
 
     /// Runs `tokens` (already in the cache at `slots`, below `cache.len()`) through layers
