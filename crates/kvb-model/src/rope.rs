@@ -127,6 +127,16 @@ impl Rope {
 }
 
 impl<B: Backend> RopeTables<B> {
+    /// `[1, 1, n, head_dim]`: `cos(angle)` for both halves.
+    pub fn cos(&self) -> &Tensor<B, 4> {
+        &self.cos
+    }
+
+    /// `[1, 1, n, head_dim]`: `-sin(angle)` for the first half, `sin(angle)` for the second.
+    pub fn signed_sin(&self) -> &Tensor<B, 4> {
+        &self.signed_sin
+    }
+
     /// Rotates `x`: `[batch, heads, n, head_dim]`, one table row per token.
     ///
     /// `out = x * cos + swap_halves(x) * signed_sin`, i.e. HF's `x * cos + rotate_half(x) * sin`.

@@ -5,6 +5,7 @@
 //! reason to.
 
 use crate::config::Activation;
+use crate::rope::RopeTables;
 use burn::tensor::Tensor;
 use kvb_attn::AttentionBackend;
 
@@ -13,6 +14,16 @@ pub trait ModelBackend: AttentionBackend {
     /// `x`: `[m, k]` times `w`: `[k, n]` (contiguous) -> `[m, n]`.
     fn linear_matmul(x: Tensor<Self, 2>, w: Tensor<Self, 2>) -> Tensor<Self, 2> {
         x.matmul(w)
+    }
+
+    /// Splits fused projections `qkv` `[n, (hq + 2 hkv) d]` into q `[1, hq, n, d]` and k, v
+    /// `[1, hkv, n, d]`, rotating q and k with `rope`.
+    fn split_heads(
+        qkv: Tensor<Self, 2>,
+        (hq, hkv, d): (usize, usize, usize),
+        rope: &RopeTables<Self>,
+    ) -> [Tensor<Self, 4>; 3] {
+        split_heads_reference(qkv, (hq, hkv, d), rope)
     }
 
     /// RMSNorm: `x` `[n, h]` divided by its root mean square, times `weight` `[1, h]`.
@@ -24,6 +35,27 @@ pub trait ModelBackend: AttentionBackend {
     fn gated_activation(gu: Tensor<Self, 2>, act: Activation) -> Tensor<Self, 2> {
         gated_activation_reference(gu, act)
     }
+}
+
+/// [`ModelBackend::split_heads`] in burn tensor ops.
+pub fn split_heads_reference<B: burn::tensor::backend::Backend>(
+    qkv: Tensor<B, 2>,
+    (hq, hkv, d): (usize, usize, usize),
+    rope: &RopeTables<B>,
+) -> [Tensor<B, 4>; 3] {
+    let n = qkv.dims()[0];
+    let heads = |from: usize, count: usize| {
+        qkv.clone()
+            .slice([0..n, from * d..(from + count) * d])
+            .reshape([n, count, d])
+            .swap_dims(0, 1)
+            .unsqueeze::<4>()
+    };
+    [
+        rope.apply(heads(0, hq)),
+        rope.apply(heads(hq, hkv)),
+        heads(hq + hkv, hkv),
+    ]
 }
 
 /// [`ModelBackend::rms_norm`] in burn tensor ops.
@@ -58,6 +90,7 @@ impl ModelBackend for crate::backends::Cuda {}
 mod cpu {
     use super::ModelBackend;
     use crate::config::Activation;
+    use crate::rope::RopeTables;
     use burn::tensor::{Tensor, TensorData, TensorPrimitive};
     use burn_ndarray::{NdArray, NdArrayTensor};
     use kvb_attn::fastmath::fast_exp;
@@ -118,6 +151,14 @@ mod cpu {
     /// Rows per parallel task for row-wise ops (RMSNorm, SwiGLU): enough work to amortise rayon.
     const ROWS_PER_TASK: usize = 16;
 
+    /// The primitive of a 4-d tensor.
+    fn rows_of4(t: &Tensor<NdArray<f32>, 4>) -> Option<NdArrayTensor> {
+        match t.clone().into_primitive() {
+            TensorPrimitive::Float(p) => Some(p),
+            _ => None,
+        }
+    }
+
     /// The contiguous f32 values of a 2-d tensor, or `None` (then the generic path runs).
     fn rows_of(t: &Tensor<NdArray<f32>, 2>) -> Option<NdArrayTensor> {
         match t.clone().into_primitive() {
@@ -153,6 +194,64 @@ mod cpu {
                     }
                 });
             Tensor::from_data(TensorData::new(out, [n, h]), &x.device())
+        }
+
+        /// Head split, layout change and RoPE in one pass over `qkv`, instead of a slice, a
+        /// reshape, a transpose copy, two half slices, a concatenation and three elementwise ops
+        /// per q and k.
+        fn split_heads(
+            qkv: Tensor<Self, 2>,
+            (hq, hkv, d): (usize, usize, usize),
+            rope: &RopeTables<Self>,
+        ) -> [Tensor<Self, 4>; 3] {
+            let n = qkv.dims()[0];
+            let width = (hq + 2 * hkv) * d;
+            let fallback = |qkv| super::split_heads_reference(qkv, (hq, hkv, d), rope);
+            let (Some(p), Some(cp), Some(sp)) = (
+                rows_of(&qkv),
+                rows_of4(rope.cos()),
+                rows_of4(rope.signed_sin()),
+            ) else {
+                return fallback(qkv);
+            };
+            let (Some((shape, x)), Some((_, cos)), Some((_, sin))) =
+                (f32_slice(&p), f32_slice(&cp), f32_slice(&sp))
+            else {
+                return fallback(qkv);
+            };
+            if shape != [n, width] || cos.len() != n * d || sin.len() != n * d || d % 2 != 0 {
+                return fallback(qkv);
+            }
+            let half = d / 2;
+            let total = hq + 2 * hkv;
+            // Output head-major: head h holds [n, d]; heads 0..hq are q, then k, then v.
+            let mut out = vec![0f32; total * n * d];
+            out.par_chunks_mut(n * d).enumerate().for_each(|(h, head)| {
+                let rotate = h < hq + hkv;
+                for t in 0..n {
+                    let src = &x[t * width + h * d..t * width + (h + 1) * d];
+                    let dst = &mut head[t * d..(t + 1) * d];
+                    if rotate {
+                        let (c, s) = (&cos[t * d..(t + 1) * d], &sin[t * d..(t + 1) * d]);
+                        for i in 0..d {
+                            let partner = if i < half {
+                                src[i + half]
+                            } else {
+                                src[i - half]
+                            };
+                            dst[i] = src[i] * c[i] + partner * s[i];
+                        }
+                    } else {
+                        dst.copy_from_slice(src);
+                    }
+                }
+            });
+            let device = qkv.device();
+            let part = |from: usize, count: usize| {
+                let v = out[from * n * d..(from + count) * n * d].to_vec();
+                Tensor::<Self, 4>::from_data(TensorData::new(v, [1, count, n, d]), &device)
+            };
+            [part(0, hq), part(hq, hkv), part(hq + hkv, hkv)]
         }
 
         /// SwiGLU in one pass: burn's sigmoid takes eight elementwise passes with two

@@ -331,22 +331,10 @@ impl<B: ModelBackend> Model<B> {
         rope: &RopeTables<B>,
     ) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) {
         let c = &self.config;
-        let (hq, hkv, hd) = (c.num_heads, c.num_kv_heads, c.head_dim);
-        let n = x.dims()[0];
         let block = &self.blocks[layer];
         let qkv = block.qkv.forward(block.attn_norm.forward(x)); // [n, (hq + 2 hkv) hd]
-        let heads = |from: usize, count: usize| {
-            qkv.clone()
-                .slice([0..n, from * hd..(from + count) * hd])
-                .reshape([n, count, hd])
-                .swap_dims(0, 1)
-                .unsqueeze::<4>() // [1, count, n, hd]
-        };
-        (
-            rope.apply(heads(0, hq)),
-            rope.apply(heads(hq, hkv)),
-            heads(hq + hkv, hkv),
-        )
+        let [q, k, v] = B::split_heads(qkv, (c.num_heads, c.num_kv_heads, c.head_dim), rope);
+        (q, k, v)
     }
 
     /// One transformer block over `x` (`[n, hidden]`): writes the tokens' K/V at `slots`, attends
