@@ -10,7 +10,7 @@ use kvb_engine::{
     RecomputeStrategy,
 };
 use kvb_model::backends::Cpu;
-use kvb_model::fetch::{ensure_default_model, models_dir};
+use kvb_model::fetch::{ensure_default_model, models_dir_in};
 use kvb_model::ChatMessage;
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -18,13 +18,7 @@ use std::sync::OnceLock;
 fn model_path() -> PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| {
-        let dir = std::env::var_os("KVB_MODELS_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| {
-                PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                    .join("../..")
-                    .join(models_dir())
-            });
+        let dir = models_dir_in(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.."));
         ensure_default_model(&dir, &mut |l| eprintln!("{l}"))
             .expect("the default model")
             .hf_dir

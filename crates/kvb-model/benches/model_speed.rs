@@ -6,7 +6,7 @@
 
 use burn::tensor::{Distribution, Tensor};
 use kvb_model::backends::Cpu;
-use kvb_model::fetch::{ensure_default_model, models_dir};
+use kvb_model::fetch::{ensure_default_model, models_dir_in};
 use kvb_model::generate::{decode, logits_to_vec, GenerateParams, Sampler};
 use kvb_model::{load_pretrained, LoadOptions, LogitsFor, ModelConfig};
 use std::path::PathBuf;
@@ -60,13 +60,7 @@ fn matmul_rate(c: &ModelConfig, rows: usize) -> f64 {
 }
 
 fn main() {
-    let dir = std::env::var_os("KVB_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../..")
-                .join(models_dir())
-        });
+    let dir = models_dir_in(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.."));
     let paths = ensure_default_model(&dir, &mut |l| eprintln!("{l}")).expect("the default model");
     let m = load_pretrained::<Cpu>(
         &paths.hf_dir,

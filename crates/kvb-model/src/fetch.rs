@@ -31,9 +31,15 @@ pub struct DefaultModel {
 
 /// The models folder: `$KVB_MODELS_DIR`, else `models/` under the current directory.
 pub fn models_dir() -> PathBuf {
+    models_dir_in(Path::new(""))
+}
+
+/// The models folder for code that runs with another working directory (tests, benches):
+/// `$KVB_MODELS_DIR`, else `models/` under `root` (the workspace).
+pub fn models_dir_in(root: &Path) -> PathBuf {
     std::env::var_os("KVB_MODELS_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("models"))
+        .unwrap_or_else(|| root.join("models"))
 }
 
 /// The default model's paths under `dir`, whether or not they exist yet.

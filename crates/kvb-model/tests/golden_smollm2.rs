@@ -9,7 +9,7 @@
 mod common;
 
 use common::{fixtures, read_f32, B};
-use kvb_model::fetch::{ensure_default_model, models_dir};
+use kvb_model::fetch::{ensure_default_model, models_dir_in};
 use kvb_model::generate::{argmax, generate, GenerateParams};
 use kvb_model::{load_pretrained, ChatMessage, LoadOptions, LogitsFor, Pretrained};
 use serde_json::Value;
@@ -28,13 +28,7 @@ fn model_paths() -> kvb_model::fetch::DefaultModel {
 
 fn fetch_once() -> kvb_model::fetch::DefaultModel {
     // Tests run from the crate folder: resolve the default models folder from the workspace root.
-    let dir = std::env::var_os("KVB_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../..")
-                .join(models_dir())
-        });
+    let dir = models_dir_in(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.."));
     ensure_default_model(&dir, &mut |line| eprintln!("{line}"))
         .unwrap_or_else(|e| panic!("the default model is needed for this test: {e}"))
 }

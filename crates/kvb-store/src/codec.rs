@@ -187,34 +187,8 @@ pub struct ChunkMeta {
     pub tokens: Vec<u32>,
 }
 
-/// Reads the keys and tokens at the start of an encoded chunk.
-pub fn decode_meta(bytes: &[u8]) -> Result<ChunkMeta, String> {
-    let mut r = Reader { bytes, pos: 0 };
-    let version = r.u32()?;
-    if version != VERSION {
-        return Err(format!(
-            "chunk encoding version {version}, expected {VERSION}"
-        ));
-    }
-    let prefix_key = PrefixKey(r.key()?);
-    let content_key = ContentKey(r.key()?);
-    let parent = PrefixKey(r.key()?);
-    let n = r.u32()? as usize;
-    if n > bytes.len() / 8 {
-        return Err(format!("{n} tokens cannot fit in {} bytes", bytes.len()));
-    }
-    let tokens = (0..n).map(|_| r.u32()).collect::<Result<Vec<_>, _>>()?;
-    Ok(ChunkMeta {
-        prefix_key,
-        content_key,
-        parent,
-        tokens,
-    })
-}
-
-/// Decodes a chunk, checking everything.
-pub fn decode(bytes: &[u8]) -> Result<KvChunk, String> {
-    let mut r = Reader { bytes, pos: 0 };
+/// Reads the version, keys and tokens that open every encoded chunk.
+fn read_meta(r: &mut Reader) -> Result<ChunkMeta, String> {
     let version = r.u32()?;
     if version != VERSION {
         return Err(format!(
@@ -226,10 +200,33 @@ pub fn decode(bytes: &[u8]) -> Result<KvChunk, String> {
     let parent = PrefixKey(r.key()?);
     let n = r.u32()? as usize;
     // Tokens and positions are 8 bytes per token: refuse counts the buffer cannot hold.
-    if n > bytes.len() / 8 {
-        return Err(format!("{n} tokens cannot fit in {} bytes", bytes.len()));
+    if n > r.bytes.len() / 8 {
+        return Err(format!("{n} tokens cannot fit in {} bytes", r.bytes.len()));
     }
     let tokens = (0..n).map(|_| r.u32()).collect::<Result<Vec<_>, _>>()?;
+    Ok(ChunkMeta {
+        prefix_key,
+        content_key,
+        parent,
+        tokens,
+    })
+}
+
+/// Reads the keys and tokens at the start of an encoded chunk.
+pub fn decode_meta(bytes: &[u8]) -> Result<ChunkMeta, String> {
+    read_meta(&mut Reader { bytes, pos: 0 })
+}
+
+/// Decodes a chunk, checking everything.
+pub fn decode(bytes: &[u8]) -> Result<KvChunk, String> {
+    let mut r = Reader { bytes, pos: 0 };
+    let ChunkMeta {
+        prefix_key,
+        content_key,
+        parent,
+        tokens,
+    } = read_meta(&mut r)?;
+    let n = tokens.len();
     let positions = (0..n).map(|_| r.u32()).collect::<Result<Vec<_>, _>>()?;
     let kv_heads = r.u32()? as usize;
     let head_dim = r.u32()? as usize;

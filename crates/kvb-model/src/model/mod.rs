@@ -237,20 +237,7 @@ impl<B: ModelBackend> Model<B> {
         logits: LogitsFor,
     ) -> Result<Tensor<B, 2>> {
         self.check_inputs(tokens, positions)?;
-        if slots.len() != tokens.len() {
-            return Err(ModelError::Forward(format!(
-                "{} slots for {} tokens",
-                slots.len(),
-                tokens.len()
-            )));
-        }
-        if slots.windows(2).any(|w| w[0] >= w[1]) || slots.last().is_some_and(|&s| s >= cache.len())
-        {
-            return Err(ModelError::Forward(format!(
-                "recompute slots must increase and lie below the cache length {}",
-                cache.len()
-            )));
-        }
+        self.check_slots(tokens, slots, cache)?;
         let t = cache.len();
         self.run(
             tokens,
