@@ -150,7 +150,9 @@ fn cut_points(n: usize, config: &ChunkConfig, tokens: &[u32]) -> Vec<usize> {
     let size = config.size.max(1);
     let mut cuts = Vec::new();
     match &config.strategy {
-        ChunkStrategy::Document => cuts.push(n),
+        // An empty prompt has no chunk, not one empty chunk.
+        ChunkStrategy::Document if n > 0 => cuts.push(n),
+        ChunkStrategy::Document => {}
         ChunkStrategy::Fixed => {
             let mut at = 0;
             while at < n {
