@@ -1,6 +1,8 @@
 //! `cargo xtask`: project automation. It only orchestrates cargo and the `kvb` binary, and shares
 //! one release build (one feature set) across every step, so CI compiles burn once.
 
+mod bench;
+
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -17,6 +19,10 @@ commands:
   demo          a scripted chat and a moved document on the default model: TTFT cold vs warm
   fetch-model   fetch the default model (SmolLM2-135M-Instruct) into models/
   ci            format check, build, fetch the model, all tests, an end-to-end generate
+  bench         the end-to-end benchmark: 7 workloads x Baseline, PrefixCache, ChunkReuse
+                (selective, cacheblend, int8); tables, JSON and SVG plots in bench/results/<date>/,
+                and the README's results section. Options: --quick (a smoke run, < 5 min),
+                --reps N (default 3), --model PATH (a tiny model gets cut-down workloads), --out DIR
   bench model   prefill/decode speed of the default model vs the machine's matmul rate
   bench cache   key hashing, KIVI quantize/dequantize, store lookups (100k chunks), disk tier";
 
@@ -73,6 +79,30 @@ fn kvb(args: &[&str]) -> Command {
     c
 }
 
+/// Builds the `kvb` binary (the shared feature set) and returns its path: the benchmark runs it
+/// directly, so nothing is rebuilt between its runs.
+fn kvb_binary() -> Result<PathBuf> {
+    run(cargo().args([
+        "build",
+        "--release",
+        "--quiet",
+        "-p",
+        "kvb-server",
+        "--features",
+        FEATURES,
+    ]))?;
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("target"));
+    let bin = target
+        .join("release")
+        .join(format!("kvb{}", std::env::consts::EXE_SUFFIX));
+    if !bin.is_file() {
+        bail!("the kvb binary was built but is not at {}", bin.display());
+    }
+    Ok(bin)
+}
+
 fn fetch_model() -> Result<()> {
     run(&mut kvb(&["fetch-model"]))
 }
@@ -115,6 +145,17 @@ fn ci() -> Result<()> {
     if !out.status.success() || !text.contains("Paris") {
         bail!("kvb generate did not answer the capital of France with Paris");
     }
+    // The benchmark harness, on a tiny model, so it cannot rot: it must run every workload and
+    // variant and write well-formed results (times are not checked).
+    let smoke = std::env::temp_dir().join("kvb-bench-smoke");
+    let _ = std::fs::remove_dir_all(&smoke);
+    let args: Vec<String> = ["--quick", "--model", "fixtures/tiny/llama", "--out"]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([smoke.to_string_lossy().into_owned()])
+        .collect();
+    bench::run(&args, &kvb_binary()?)?;
+    bench::check_output(&smoke)?;
     eprintln!("ci: all steps passed");
     Ok(())
 }
@@ -146,6 +187,6 @@ fn bench(args: &[String]) -> Result<()> {
             "--measurement-time",
             "2",
         ])),
-        _ => bail!("usage: cargo xtask bench model|cache"),
+        _ => bench::run(args, &kvb_binary()?),
     }
 }

@@ -36,6 +36,9 @@ pub struct EngineConfig {
     pub sink_tokens: usize,
     /// Refuse unknown architectures.
     pub strict: bool,
+    /// Keep the last request's K/V where it was computed, so a request that extends it continues
+    /// in place without copying (one sequence's K/V: at most the context length's worth).
+    pub keep_resident: bool,
 }
 
 impl EngineConfig {
@@ -56,6 +59,7 @@ impl EngineConfig {
             overlap_k: 0,
             sink_tokens: 0,
             strict: true,
+            keep_resident: true,
         }
     }
 }
@@ -70,6 +74,23 @@ pub enum GenerationMode {
     /// The longest cached prefix to the token, plus chunks found anywhere else in the prompt
     /// (re-rotated and repaired).
     ChunkReuse,
+}
+
+impl GenerationMode {
+    /// The name `FromStr` reads back: `baseline`, `prefix` or `chunk-reuse`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GenerationMode::Baseline => "baseline",
+            GenerationMode::PrefixCache => "prefix",
+            GenerationMode::ChunkReuse => "chunk-reuse",
+        }
+    }
+}
+
+impl std::fmt::Display for GenerationMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl std::str::FromStr for GenerationMode {

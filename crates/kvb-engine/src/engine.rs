@@ -12,23 +12,49 @@ use kvb_model::{load_pretrained, KvCache, LoadOptions, LogitsFor, Model, ModelBa
 use kvb_quant::{Bits, QuantConfig};
 use kvb_repair::{repair, RecomputeStrategy, RepairConfig, SlotMap};
 use kvb_store::{ChunkStore, DiskConfig, KvChunk, KvFormat, StoreConfig, StoreStats};
+use std::ops::Range;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// A chunk found elsewhere (by content key) to place at `start` of this prompt.
+/// Tokens `range` of a chunk computed elsewhere (found by content key, or next to one that was),
+/// to place at `start` of this prompt.
+#[derive(Clone)]
 struct Interior {
     start: usize,
     chunk: Arc<KvChunk>,
+    range: Range<usize>,
 }
+
+impl Interior {
+    fn end(&self) -> usize {
+        self.start + self.range.len()
+    }
+}
+
+/// Neighbouring tokens shorter than this are not worth a piece of their own.
+const MIN_EXTENSION: usize = 4;
 
 /// What the cache offers a prompt.
 #[derive(Default)]
 struct Plan {
     /// Exact, in-context chunks from position 0, with the tokens of each used.
     prefix: Vec<(Arc<KvChunk>, usize)>,
+    /// Tokens covered from position 0, by the resident sequence or by `prefix`.
     prefix_tokens: usize,
+    /// Of those, the tokens continued in place in the resident sequence's cache.
+    resident_tokens: usize,
     interior: Vec<Interior>,
+}
+
+/// The K/V of the last request's sequence, kept where the model computed it. The next request
+/// that extends it (a chat's next turn, another question about the same file) continues it in
+/// place: no lookup of chunks, no copy. vLLM and llama.cpp keep a sequence's K/V resident the same
+/// way; the chunk store serves everything else.
+struct Resident<B: ModelBackend> {
+    /// The tokens of slots `0..tokens.len()`, all exact (what a full prefill computes).
+    tokens: Vec<u32>,
+    cache: KvCache<B>,
 }
 
 /// How a prompt's cache was filled.
@@ -51,6 +77,7 @@ pub struct Engine<B: ModelBackend> {
     chunking: ChunkConfig,
     format: KvFormat,
     config: EngineConfig,
+    resident: Mutex<Option<Resident<B>>>,
 }
 
 fn elapsed_ms(d: Duration) -> f64 {
@@ -148,6 +175,7 @@ impl<B: ModelBackend> Engine<B> {
             chunking,
             format,
             config,
+            resident: Mutex::new(None),
         })
     }
 
@@ -176,9 +204,61 @@ impl<B: ModelBackend> Engine<B> {
         self.store.stats()
     }
 
-    /// Forgets every cached chunk.
+    /// Forgets every cached chunk and the resident sequence.
     pub fn reset_cache(&self) -> Result<(), EngineError> {
+        self.set_resident(None);
         Ok(self.store.clear()?)
+    }
+
+    fn set_resident(&self, r: Option<Resident<B>>) {
+        // A poisoned lock only means a request panicked holding it; the slot is still valid.
+        let mut slot = self.resident.lock().unwrap_or_else(|e| e.into_inner());
+        *slot = r;
+    }
+
+    /// An empty cache for a request that will replace the resident sequence: the resident's own
+    /// storage when there is one (a fresh allocation costs page faults, ~0.4 ms per MB here).
+    fn recycled_cache(&self) -> KvCache<B> {
+        let mut slot = self.resident.lock().unwrap_or_else(|e| e.into_inner());
+        match slot.take() {
+            Some(mut r) if self.config.keep_resident => {
+                r.cache.clear();
+                r.cache
+            }
+            _ => self.model.new_cache(),
+        }
+    }
+
+    /// Takes the resident sequence's cache when it covers at least as much of `tokens` as
+    /// `store_prefix` (continuing in place beats copying the same K/V from the store),
+    /// truncated to the common prefix (at most `limit` tokens, whole chunks with `whole_chunks`).
+    fn take_resident(
+        &self,
+        tokens: &[u32],
+        limit: usize,
+        whole_chunks: bool,
+        store_prefix: usize,
+    ) -> Option<(KvCache<B>, usize)> {
+        if !self.config.keep_resident {
+            return None;
+        }
+        let mut slot = self.resident.lock().unwrap_or_else(|e| e.into_inner());
+        let r = slot.as_ref()?;
+        let mut common = r
+            .tokens
+            .iter()
+            .zip(&tokens[..limit])
+            .take_while(|(a, b)| a == b)
+            .count();
+        if whole_chunks {
+            common -= common % self.chunking.size;
+        }
+        if common == 0 || common < store_prefix {
+            return None;
+        }
+        let mut r = slot.take()?;
+        r.cache.truncate(common);
+        Some((r.cache, common))
     }
 
     fn repair_config(&self, approximate: bool) -> RepairConfig {
@@ -199,11 +279,18 @@ impl<B: ModelBackend> Engine<B> {
 
     /// What the cache holds for `tokens` under `mode`. The last token is always left to compute,
     /// since its logits start generation.
-    fn plan(&self, tokens: &[u32], mode: GenerationMode) -> Result<Plan, EngineError> {
+    ///
+    /// Returns the cache to start from: the resident sequence's, when it covers the longest
+    /// prefix, else a new one.
+    fn plan(
+        &self,
+        tokens: &[u32],
+        mode: GenerationMode,
+    ) -> Result<(Plan, KvCache<B>), EngineError> {
         let n = tokens.len();
         let mut plan = Plan::default();
         if mode == GenerationMode::Baseline || n < 2 {
-            return Ok(plan);
+            return Ok((plan, self.model.new_cache()));
         }
         if let Some(m) = self
             .store
@@ -224,10 +311,20 @@ impl<B: ModelBackend> Engine<B> {
             plan.prefix = chunks;
             plan.prefix_tokens = matched;
         }
+        let whole_chunks = mode == GenerationMode::PrefixCache;
+        let cache = match self.take_resident(tokens, n - 1, whole_chunks, plan.prefix_tokens) {
+            Some((cache, covered)) => {
+                plan.prefix.clear();
+                plan.prefix_tokens = covered;
+                plan.resident_tokens = covered;
+                cache
+            }
+            None => self.recycled_cache(),
+        };
         if mode == GenerationMode::ChunkReuse {
             plan.interior = self.find_interior(tokens, plan.prefix_tokens)?;
         }
-        Ok(plan)
+        Ok((plan, cache))
     }
 
     /// Chunks stored elsewhere whose tokens reappear in `tokens[from..n-1]`, in order, without
@@ -250,6 +347,7 @@ impl<B: ModelBackend> Engine<B> {
                 Some(m) if m.chunk.tokens == window => {
                     found.push(Interior {
                         start,
+                        range: 0..m.chunk.len(),
                         chunk: m.chunk,
                     });
                     Ok(true)
@@ -278,7 +376,75 @@ impl<B: ModelBackend> Engine<B> {
                 }
             }
         }
-        Ok(found)
+        self.extend_runs(tokens, from, found)
+    }
+
+    /// Widens each run of chunks found by content with the neighbours they had where they were
+    /// computed: the end of the chunk before (the first one's parent) and the chunks after (the
+    /// last one's children), as far as their tokens match this prompt. A moved document rarely
+    /// sits on the chunk grid it was stored on; without this its partial first and last chunks
+    /// would be recomputed.
+    fn extend_runs(
+        &self,
+        tokens: &[u32],
+        from: usize,
+        found: Vec<Interior>,
+    ) -> Result<Vec<Interior>, EngineError> {
+        let n = tokens.len();
+        let mut out: Vec<Interior> = Vec::with_capacity(found.len() + 2);
+        let mut i = 0;
+        while i < found.len() {
+            let mut j = i + 1;
+            while j < found.len() && found[j].start == found[j - 1].end() {
+                j += 1;
+            }
+            let floor = out.last().map_or(from, Interior::end);
+            let first = &found[i];
+            if first.start > floor {
+                // The store has no chunk under the root key: a run from position 0 stops here.
+                if let Some(parent) = self.store.get(&first.chunk.parent)? {
+                    let m = parent
+                        .tokens
+                        .iter()
+                        .rev()
+                        .zip(tokens[floor..first.start].iter().rev())
+                        .take_while(|(a, b)| a == b)
+                        .count();
+                    if m >= MIN_EXTENSION {
+                        out.push(Interior {
+                            start: first.start - m,
+                            range: parent.len() - m..parent.len(),
+                            chunk: parent,
+                        });
+                    }
+                }
+            }
+            out.extend(found[i..j].iter().cloned());
+            let last = &found[j - 1];
+            // Up to the next run, and the last token stays live.
+            let limit = found.get(j).map_or(n - 1, |next| next.start);
+            let mut at = last.end();
+            if at < limit {
+                if let Some(m) = self
+                    .store
+                    .longest_prefix(last.chunk.prefix_key, &tokens[at..limit])?
+                {
+                    for (chunk, used) in m.chunks {
+                        if used < MIN_EXTENSION {
+                            break;
+                        }
+                        out.push(Interior {
+                            start: at,
+                            range: 0..used,
+                            chunk,
+                        });
+                        at += used;
+                    }
+                }
+            }
+            i = j;
+        }
+        Ok(out)
     }
 
     /// Fills `cache` with the K/V of `tokens` (positions `0..n`) from the plan and the model, and
@@ -303,7 +469,7 @@ impl<B: ModelBackend> Engine<B> {
                 range: 0..*used,
             })
             .collect();
-        out.cached_tokens += append_pieces(cache, &pieces, None)?;
+        out.cached_tokens += plan.resident_tokens + append_pieces(cache, &pieces, None)?;
         out.exact_chunks = plan.prefix.len();
         stages.assemble += t.elapsed();
         let mut pos = plan.prefix_tokens;
@@ -314,15 +480,11 @@ impl<B: ModelBackend> Engine<B> {
         let mut i = 0;
         while i < plan.interior.len() {
             let mut j = i + 1;
-            while j < plan.interior.len()
-                && plan.interior[j].start
-                    == plan.interior[j - 1].start + plan.interior[j - 1].chunk.len()
-            {
+            while j < plan.interior.len() && plan.interior[j].start == plan.interior[j - 1].end() {
                 j += 1;
             }
             let run = &plan.interior[i..j];
-            let last = &run[run.len() - 1];
-            let span = run[0].start..last.start + last.chunk.len();
+            let span = run[0].start..run[run.len() - 1].end();
             if span.start > pos {
                 let t = Instant::now();
                 self.model.forward(
@@ -338,7 +500,7 @@ impl<B: ModelBackend> Engine<B> {
                 .iter()
                 .map(|it| Piece {
                     chunk: &it.chunk,
-                    range: 0..it.chunk.len(),
+                    range: it.range.clone(),
                 })
                 .collect();
             append_pieces(
@@ -421,14 +583,16 @@ impl<B: ModelBackend> Engine<B> {
             });
         }
         self.check_length(tokens.len())?;
-        let plan = self.plan(&tokens, GenerationMode::PrefixCache)?;
-        let mut cache = self.model.new_cache();
+        let (plan, mut cache) = self.plan(&tokens, GenerationMode::PrefixCache)?;
+        cache.reserve(tokens.len() - cache.len());
         let mut stages = StageTimes::default();
         self.prefill(&tokens, &plan, &mut cache, &mut stages, LogitsFor::Nothing)?;
         let (chunks_stored, bytes) = self.store_chunks(&tokens, tokens.len(), &cache)?;
+        let count = tokens.len();
+        self.set_resident(Some(Resident { tokens, cache }));
         Ok(WarmResult {
             chunks_stored,
-            tokens: tokens.len(),
+            tokens: count,
             bytes,
         })
     }
@@ -455,6 +619,42 @@ impl<B: ModelBackend> Engine<B> {
         let tokens = self.tokenizer.encode(prompt, false)?;
         let tokenize = start.elapsed();
         self.generate_from(start, tokenize, &tokens, options, on_token)
+    }
+
+    /// Serves several prompts as one batch. They run one after another, ordered so that prompts
+    /// sharing a prefix run back to back (each continues the previous one's resident K/V, or
+    /// reads the chunks it stored); results come back in the given order. TTFT is counted from the
+    /// batch's arrival, so it includes the wait behind earlier prompts of the batch.
+    pub fn generate_batch(
+        &self,
+        prompts: &[&str],
+        options: &GenerateOptions,
+    ) -> Vec<Result<GenerationResult, EngineError>> {
+        let start = Instant::now();
+        let encoded: Vec<Result<Vec<u32>, EngineError>> = prompts
+            .iter()
+            .map(|p| Ok(self.tokenizer.encode(p, false)?))
+            .collect();
+        let tokenize = start.elapsed();
+        let mut order: Vec<usize> = (0..prompts.len()).collect();
+        // Lexicographic order puts the prompts with the longest common prefixes next to each other.
+        order.sort_by(|&a, &b| match (&encoded[a], &encoded[b]) {
+            (Ok(x), Ok(y)) => x.cmp(y),
+            (x, y) => x.is_ok().cmp(&y.is_ok()),
+        });
+        let mut results: Vec<Option<Result<GenerationResult, EngineError>>> =
+            (0..prompts.len()).map(|_| None).collect();
+        for i in order {
+            let r = match &encoded[i] {
+                Ok(tokens) => self.generate_from(start, tokenize, tokens, options, &mut |_| {}),
+                Err(e) => Err(EngineError::Config(format!("prompt {i}: {e}"))),
+            };
+            results[i] = Some(r);
+        }
+        results
+            .into_iter()
+            .map(|r| r.expect("every prompt of the batch was served"))
+            .collect()
     }
 
     /// As [`Engine::generate`], from token ids.
@@ -485,9 +685,16 @@ impl<B: ModelBackend> Engine<B> {
             ..Default::default()
         };
         let t = Instant::now();
-        let plan = self.plan(tokens, options.mode)?;
+        let (plan, mut cache) = self.plan(tokens, options.mode)?;
         stages.lookup = t.elapsed();
-        let mut cache = self.model.new_cache();
+        let t = Instant::now();
+        // Room for the whole request at once, since growing a cache copies it; when it must grow,
+        // leave headroom for the next request that extends this one (a chat's next turn).
+        let needed = n + options.max_new_tokens;
+        if cache.capacity() < needed {
+            cache.reserve(needed + needed / 4 + 256 - cache.len());
+        }
+        stages.assemble += t.elapsed();
         let (first_logits, filled) =
             self.prefill(tokens, &plan, &mut cache, &mut stages, LogitsFor::Last)?;
 
@@ -530,7 +737,15 @@ impl<B: ModelBackend> Engine<B> {
                 Some(l) => l.min(n),
                 None => cache.len(),
             };
-            self.store_chunks(&sequence, limit.min(exact_end), &cache)?;
+            let keep = limit.min(exact_end).min(cache.len());
+            self.store_chunks(&sequence, keep, &cache)?;
+            if keep > 0 {
+                sequence.truncate(keep);
+                self.set_resident(Some(Resident {
+                    tokens: sequence,
+                    cache,
+                }));
+            }
             stages.store = t.elapsed();
         }
         let decode_steps = decoded.tokens.len().saturating_sub(1);
@@ -547,6 +762,7 @@ impl<B: ModelBackend> Engine<B> {
             kv_reuse_ratio: filled.cached_tokens as f64 / n as f64,
             prompt_tokens: n,
             cached_tokens: filled.cached_tokens,
+            resident_tokens: plan.resident_tokens,
             recomputed_tokens: filled.recomputed_tokens,
             exact_chunks: filled.exact_chunks,
             approximate_chunks: filled.approximate_chunks,

@@ -47,21 +47,34 @@ pub fn append_pieces<B: ModelBackend>(
     let rerotation =
         rerotate_to.map(|(rope, to)| rope.rerotation_tables::<B>(&stored_positions, to, &device));
     let mut per_layer = Vec::with_capacity(layers);
+    // Quantized and half-precision chunks are widened into these, once per chunk and layer; f32
+    // chunks are copied straight from the store. Each piece lands in the `[heads, total, dim]`
+    // layout of the upload, one contiguous run per head.
+    let (mut wide_k, mut wide_v) = (Vec::new(), Vec::new());
     for l in 0..layers {
-        let mut k = Vec::with_capacity(h * total * d);
-        let mut v = Vec::with_capacity(h * total * d);
-        let decoded: Vec<(Vec<f32>, Vec<f32>)> = pieces
-            .iter()
-            .map(|p| (p.chunk.layers[l].k.to_f32(), p.chunk.layers[l].v.to_f32()))
-            .collect();
-        for head in 0..h {
-            for (p, (pk, pv)) in pieces.iter().zip(&decoded) {
-                let t = p.chunk.len();
-                let from = (head * t + p.range.start) * d;
-                let to = (head * t + p.range.end) * d;
-                k.extend_from_slice(&pk[from..to]);
-                v.extend_from_slice(&pv[from..to]);
+        let mut k = vec![0f32; h * total * d];
+        let mut v = vec![0f32; h * total * d];
+        let mut offset = 0;
+        for p in pieces {
+            let t = p.chunk.len();
+            let kv = &p.chunk.layers[l];
+            for (dst, data, wide) in [(&mut k, &kv.k, &mut wide_k), (&mut v, &kv.v, &mut wide_v)] {
+                let src: &[f32] = match data {
+                    KvData::F32(x) => x,
+                    other => {
+                        wide.resize(other.len(), 0.0);
+                        other.write_f32(wide);
+                        wide
+                    }
+                };
+                for head in 0..h {
+                    let from = (head * t + p.range.start) * d;
+                    let to = (head * t + p.range.end) * d;
+                    let at = (head * total + offset) * d;
+                    dst[at..at + (to - from)].copy_from_slice(&src[from..to]);
+                }
             }
+            offset += p.range.len();
         }
         let kt = Tensor::<B, 4>::from_data(TensorData::new(k, [1, h, total, d]), &device);
         let vt = Tensor::<B, 4>::from_data(TensorData::new(v, [1, h, total, d]), &device);

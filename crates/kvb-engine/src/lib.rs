@@ -5,9 +5,12 @@
 //!
 //! 1. tokenize; split into chunks (kvb-chunk) keyed under the engine's namespace (kvb-hash: model
 //!    fingerprint, dtype, chunking, K/V bits), so no key can mix models or settings;
-//! 2. look up the longest cached prefix **to the token** (kvb-store's radix index): those chunks were
-//!    stored from earlier prefills *in context*, so their K/V is exactly what a prefill computes;
-//!    with `ChunkReuse`, also look up the remaining chunks by content key anywhere in the store;
+//! 2. look up the longest cached prefix **to the token**: first against the *resident sequence*
+//!    (the previous request's K/V, still where the model computed it: a chat's next turn or another
+//!    question on the same file continues it in place, with no copy), then in kvb-store's radix
+//!    index (chunks stored from earlier prefills *in context*, so their K/V is exactly what a
+//!    prefill computes); with `ChunkReuse`, also look up the remaining chunks by content key
+//!    anywhere in the store;
 //! 3. assemble: the exact prefix as is; a chunk found elsewhere is re-rotated from its stored
 //!    positions to its new ones (RoPE) and repaired (kvb-repair: selective or CacheBlend; a chunk
 //!    found by content always gets CacheBlend);

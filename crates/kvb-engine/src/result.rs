@@ -41,6 +41,9 @@ pub struct GenerationResult {
     pub prompt_tokens: usize,
     /// Prompt tokens whose K/V came from the cache.
     pub cached_tokens: usize,
+    /// Of `cached_tokens`, those continued in place from the previous request's resident K/V
+    /// (no chunk lookup, no copy).
+    pub resident_tokens: usize,
     /// Cached tokens recomputed by repair.
     pub recomputed_tokens: usize,
     /// Chunks reused by prefix key (exact, in context).

@@ -176,11 +176,14 @@ fn chat_history_reuse_is_exact_and_kivi_stays_close() {
         "How old is it?",
         "Who built it?",
     ];
-    for bits in [16u8, 8, 4] {
+    // The resident sequence keeps f32 K/V; quantized K/V is only read from the store, so the
+    // KIVI runs turn the resident sequence off. f32 runs both ways.
+    for (bits, keep_resident) in [(16u8, true), (16, false), (8, false), (4, false)] {
         let e: Engine<Cpu> = Engine::from_pretrained(
             &model_path(),
             EngineConfig {
                 kv_bits: bits,
+                keep_resident,
                 ..EngineConfig::new(1 << 30)
             },
             &Default::default(),
@@ -203,6 +206,9 @@ fn chat_history_reuse_is_exact_and_kivi_stays_close() {
                 .generate(&prompt, &opts(GenerationMode::ChunkReuse), &mut |_| {})
                 .unwrap();
             assert_eq!(reuse.approximate_chunks, 0);
+            if !keep_resident {
+                assert_eq!(reuse.resident_tokens, 0);
+            }
             reused += reuse.cached_tokens;
             let top1 = |l: &[f32]| kvb_model::generate::argmax(l);
             assert_eq!(
@@ -219,7 +225,7 @@ fn chat_history_reuse_is_exact_and_kivi_stays_close() {
             }
             messages.push(ChatMessage::new("assistant", base.output_text));
         }
-        eprintln!("{bits}-bit stored K/V: {reused} tokens reused over 4 turns, worst first-token KL {worst_kl:.2e}");
+        eprintln!("{bits}-bit stored K/V (resident {keep_resident}): {reused} tokens reused over 4 turns, worst first-token KL {worst_kl:.2e}");
         assert!(reused > 100, "{bits}-bit: history must be reused");
         let bound = match bits {
             16 => 1e-6,

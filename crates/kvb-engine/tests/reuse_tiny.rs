@@ -49,69 +49,117 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 
 #[test]
 fn prefix_reuse_is_greedy_identical_to_baseline_on_every_family() {
-    for family in [
-        "llama",
-        "llama-rope-llama3",
-        "qwen2",
-        "mistral",
-        "gemma",
-        "phi3",
-    ] {
-        let e = engine(family, config());
-        let history = prompt(1, 60);
-        e.generate_tokens(&history, &opts(GenerationMode::ChunkReuse, 4), &mut |_| {})
-            .unwrap();
-        // New prompts sharing 10..60 tokens with the stored one, cut anywhere (mid-chunk included).
-        for (k, shared) in [10usize, 17, 24, 33, 59, 60].into_iter().enumerate() {
-            let mut p = history[..shared].to_vec();
-            p.extend(prompt(100 + k as u32, 9));
-            let base = e
-                .generate_tokens(&p, &opts(GenerationMode::Baseline, 12), &mut |_| {})
-                .unwrap();
-            let reuse = e
-                .generate_tokens(&p, &opts(GenerationMode::ChunkReuse, 12), &mut |_| {})
-                .unwrap();
-            assert!(
-                reuse.cached_tokens >= shared,
-                "{family}: {shared} shared, {} cached",
-                reuse.cached_tokens
+    // With the resident sequence, requests alternate between continuing it in place and reading
+    // the store (when the store's prefix is longer); without it, every hit reads the store.
+    for keep_resident in [true, false] {
+        for family in [
+            "llama",
+            "llama-rope-llama3",
+            "qwen2",
+            "mistral",
+            "gemma",
+            "phi3",
+        ] {
+            let e = engine(
+                family,
+                EngineConfig {
+                    keep_resident,
+                    ..config()
+                },
             );
-            assert_eq!(reuse.approximate_chunks, 0);
-            assert_eq!(
-                reuse.token_ids, base.token_ids,
-                "{family}: greedy tokens, {shared} shared"
-            );
-            let d = max_abs_diff(&reuse.first_logits, &base.first_logits);
-            assert!(d < 1e-4, "{family}: first-token logits differ by {d}");
+            let history = prompt(1, 60);
+            e.generate_tokens(&history, &opts(GenerationMode::ChunkReuse, 4), &mut |_| {})
+                .unwrap();
+            // New prompts sharing 10..60 tokens with the stored one, cut anywhere (mid-chunk
+            // included).
+            for (k, shared) in [10usize, 17, 24, 33, 59, 60].into_iter().enumerate() {
+                let mut p = history[..shared].to_vec();
+                p.extend(prompt(100 + k as u32, 9));
+                let base = e
+                    .generate_tokens(&p, &opts(GenerationMode::Baseline, 12), &mut |_| {})
+                    .unwrap();
+                let reuse = e
+                    .generate_tokens(&p, &opts(GenerationMode::ChunkReuse, 12), &mut |_| {})
+                    .unwrap();
+                let what = format!("{family}, resident {keep_resident}, {shared} shared");
+                assert!(
+                    reuse.cached_tokens >= shared,
+                    "{what}: {} cached",
+                    reuse.cached_tokens
+                );
+                if !keep_resident {
+                    assert_eq!(reuse.resident_tokens, 0, "{what}");
+                }
+                assert_eq!(reuse.approximate_chunks, 0);
+                assert_eq!(reuse.token_ids, base.token_ids, "{what}: greedy tokens");
+                let d = max_abs_diff(&reuse.first_logits, &base.first_logits);
+                assert!(d < 1e-4, "{what}: first-token logits differ by {d}");
+            }
         }
     }
 }
 
-#[test]
-fn the_next_chat_turn_reuses_the_previous_answer() {
-    let e = engine("llama", config());
+/// A chat's second turn: the history (prompt and answer) plus a new message.
+fn second_turn(e: &Engine<Cpu>) -> (Vec<u32>, usize) {
     let turn1 = prompt(2, 40);
     let r1 = e
         .generate_tokens(&turn1, &opts(GenerationMode::ChunkReuse, 10), &mut |_| {})
         .unwrap();
-    // The next prompt is the history (prompt and answer) plus a new message.
     let mut turn2 = turn1.clone();
     turn2.extend(&r1.token_ids);
     turn2.extend(prompt(3, 7));
+    // Tokens whose K/V was computed last turn: all but the last answer token.
+    (turn2, turn1.len() + r1.token_ids.len() - 1)
+}
+
+#[test]
+fn the_next_chat_turn_reuses_the_previous_answer_from_the_store() {
+    let e = engine(
+        "llama",
+        EngineConfig {
+            keep_resident: false,
+            ..config()
+        },
+    );
+    let (turn2, computed) = second_turn(&e);
     let r2 = e
         .generate_tokens(&turn2, &opts(GenerationMode::ChunkReuse, 10), &mut |_| {})
         .unwrap();
-    // Every token whose K/V was computed last turn (all but the last answer token) is reused,
-    // except a last chunk shorter than min_tail, which is not stored.
-    let computed = turn1.len() + r1.token_ids.len() - 1;
+    // Every stored token is reused; a last chunk shorter than min_tail is not stored.
     let tail = computed % 8;
     let stored = if tail >= 2 { computed } else { computed - tail };
     assert_eq!(r2.cached_tokens, stored);
-    assert!(r2.cached_tokens > turn1.len(), "the answer's K/V is reused");
+    assert_eq!(r2.resident_tokens, 0);
+    assert!(r2.cached_tokens > 40, "the answer's K/V is reused");
     let base = e
         .generate_tokens(&turn2, &opts(GenerationMode::Baseline, 10), &mut |_| {})
         .unwrap();
     assert_eq!(r2.token_ids, base.token_ids);
+}
+
+#[test]
+fn the_next_chat_turn_continues_the_resident_sequence_in_place() {
+    let e = engine("llama", config());
+    let (turn2, computed) = second_turn(&e);
+    let r2 = e
+        .generate_tokens(&turn2, &opts(GenerationMode::ChunkReuse, 10), &mut |_| {})
+        .unwrap();
+    // All of last turn's K/V, the short tail included, without reading a chunk.
+    assert_eq!(r2.cached_tokens, computed);
+    assert_eq!(r2.resident_tokens, computed);
+    assert_eq!(r2.exact_chunks, 0);
+    let base = e
+        .generate_tokens(&turn2, &opts(GenerationMode::Baseline, 10), &mut |_| {})
+        .unwrap();
+    assert_eq!(r2.token_ids, base.token_ids);
+    let d = max_abs_diff(&r2.first_logits, &base.first_logits);
+    assert!(d < 1e-4, "first-token logits differ by {d}");
+    // After a reset nothing is reused, resident or stored.
+    e.reset_cache().unwrap();
+    let r3 = e
+        .generate_tokens(&turn2, &opts(GenerationMode::ChunkReuse, 10), &mut |_| {})
+        .unwrap();
+    assert_eq!(r3.cached_tokens, 0);
 }
 
 #[test]
@@ -280,4 +328,69 @@ fn warm_stores_in_context_chunks_and_keys_never_mix_settings() {
         },
     );
     assert_ne!(e.namespace().id(), int8.namespace().id());
+}
+
+#[test]
+fn a_batch_groups_shared_prefixes_and_answers_in_order() {
+    let e = engine("llama", config());
+    let tok = e.tokenizer();
+    // Three questions on one document and one unrelated prompt, interleaved.
+    let doc = "the quick brown fox jumps over the lazy dog near the river bank today";
+    let prompts = [
+        format!("{doc} first question"),
+        "something else entirely".to_string(),
+        format!("{doc} second question"),
+        format!("{doc} third one"),
+    ];
+    let refs: Vec<&str> = prompts.iter().map(String::as_str).collect();
+    let batch = e.generate_batch(&refs, &opts(GenerationMode::ChunkReuse, 6));
+    assert_eq!(batch.len(), 4);
+    let shared = tok.encode(doc, false).unwrap().len();
+    let mut reused = 0;
+    for (p, r) in prompts.iter().zip(&batch) {
+        let r = r.as_ref().unwrap();
+        let base = e
+            .generate(p, &opts(GenerationMode::Baseline, 6), &mut |_| {})
+            .unwrap();
+        assert_eq!(
+            r.token_ids, base.token_ids,
+            "{p}: answered in order, as Baseline"
+        );
+        if r.cached_tokens >= shared {
+            reused += 1;
+        }
+    }
+    // The document's questions run back to back: all but the first reuse the document.
+    assert_eq!(reused, 2);
+}
+
+#[test]
+fn a_moved_document_is_reused_whole_even_off_the_chunk_grid() {
+    // Stored after a 3-token preamble, the 42-token document starts and ends mid-chunk (chunks of
+    // 8): its full chunks are found by content, its partial first and last chunks through their
+    // neighbours in the store.
+    let cfg = EngineConfig {
+        recompute_strategy: RecomputeStrategy::CacheBlend,
+        recompute_ratio: 1.0,
+        ..config()
+    };
+    let e = engine("llama", cfg);
+    let doc = prompt(20, 42);
+    let mut first = prompt(21, 3);
+    first.extend(&doc);
+    first.extend(prompt(22, 5));
+    e.generate_tokens(&first, &opts(GenerationMode::ChunkReuse, 2), &mut |_| {})
+        .unwrap();
+    let mut moved = prompt(23, 13);
+    moved.extend(&doc);
+    moved.extend(prompt(24, 6));
+    let reuse = e
+        .generate_tokens(&moved, &opts(GenerationMode::ChunkReuse, 8), &mut |_| {})
+        .unwrap();
+    assert_eq!(reuse.cached_tokens, doc.len(), "the whole document");
+    assert_eq!(reuse.recomputed_tokens, doc.len());
+    let base = e
+        .generate_tokens(&moved, &opts(GenerationMode::Baseline, 8), &mut |_| {})
+        .unwrap();
+    assert_eq!(reuse.token_ids, base.token_ids);
 }

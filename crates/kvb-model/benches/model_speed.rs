@@ -75,7 +75,7 @@ fn main() {
             .expect("source text to tokenize");
     let corpus = m
         .tokenizer
-        .encode(&text.repeat(4), false)
+        .encode(&text.repeat(8), false)
         .expect("tokenize");
 
     let matmul = matmul_rate(&c, 512);
@@ -108,6 +108,44 @@ fn main() {
             t * 1e3,
             n as f64 / t,
             100.0 * rate / matmul
+        );
+    }
+
+    // A warm request's shape: a few new tokens after a long cached prefix. The prefix is
+    // prefilled once, and each run truncates back to it before computing the suffix.
+    println!();
+    println!("| cached prefix | new tokens | suffix prefill median | ms per new token |");
+    println!("|---:|---:|---:|---:|");
+    for (p, n) in [
+        (1024usize, 16usize),
+        (1024, 32),
+        (1024, 64),
+        (1024, 160),
+        (3000, 16),
+    ] {
+        let pos: Vec<usize> = (0..p + n).collect();
+        let mut cache = m.model.new_cache();
+        cache.reserve(p + n);
+        m.model
+            .forward(&corpus[..p], &pos[..p], &mut cache, LogitsFor::Nothing)
+            .expect("prefix");
+        let runs: Vec<Duration> = (0..5)
+            .map(|_| {
+                cache.truncate(p);
+                let t = Instant::now();
+                let out = m
+                    .model
+                    .forward(&corpus[p..p + n], &pos[p..], &mut cache, LogitsFor::Last)
+                    .expect("suffix");
+                let _ = logits_to_vec(out).expect("logits");
+                t.elapsed()
+            })
+            .collect();
+        let t = median(runs).as_secs_f64();
+        println!(
+            "| {p} | {n} | {:.0} ms | {:.2} |",
+            t * 1e3,
+            t * 1e3 / n as f64
         );
     }
 

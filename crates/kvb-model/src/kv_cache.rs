@@ -65,6 +65,11 @@ impl<B: Backend> KvCache<B> {
         (self.kv_heads, self.head_dim)
     }
 
+    /// Token slots the storage holds before it must grow (growing copies the cache).
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
     /// The device the cache lives on.
     pub fn device(&self) -> &B::Device {
         &self.device

@@ -180,19 +180,44 @@ impl QuantizedKv {
 
     /// Writes the dequantized block into `out` (`heads * tokens * dim` values).
     pub fn dequantize_into(&self, out: &mut [f32]) {
-        let layout = self.layout();
         let [h, t, d] = self.shape;
-        let codes = unpack(&self.codes, self.config.bits, h * t * d);
+        let n = h * t * d;
+        // Group parameters widened once, codes unpacked once (8-bit codes are used in place):
+        // the row loops below are then plain multiply-adds the compiler vectorises. Each value is
+        // `zero + code * scale` in f32, exactly as `GroupParams::value` computes it.
+        let scales: Vec<f32> = self.scales.iter().map(|s| s.to_f32()).collect();
+        let zeros: Vec<f32> = self.zeros.iter().map(|z| z.to_f32()).collect();
+        let unpacked;
+        let codes: &[u8] = match self.config.bits {
+            Bits::Eight => &self.codes[..n],
+            bits => {
+                unpacked = unpack(&self.codes, bits, n);
+                &unpacked
+            }
+        };
+        let g = self.config.group_size;
         for head in 0..h {
             for tok in 0..t {
                 let row = (head * t + tok) * d;
-                for ch in 0..d {
-                    let g = layout.group_of(head, tok, ch);
-                    let p = GroupParams {
-                        scale: self.scales[g],
-                        zero: self.zeros[g],
-                    };
-                    out[row + ch] = p.value(codes[row + ch]);
+                let (o, c) = (&mut out[row..row + d], &codes[row..row + d]);
+                match self.axis {
+                    QuantAxis::PerChannel => {
+                        // One group per channel: parameters run along the row.
+                        let base = (head * t.div_ceil(g) + tok / g) * d;
+                        let (z, s) = (&zeros[base..base + d], &scales[base..base + d]);
+                        for i in 0..d {
+                            o[i] = z[i] + c[i] as f32 * s[i];
+                        }
+                    }
+                    QuantAxis::PerToken => {
+                        let base = (head * t + tok) * d.div_ceil(g);
+                        for (j, (oc, cc)) in o.chunks_mut(g).zip(c.chunks(g)).enumerate() {
+                            let (z, s) = (zeros[base + j], scales[base + j]);
+                            for (x, &q) in oc.iter_mut().zip(cc) {
+                                *x = z + q as f32 * s;
+                            }
+                        }
+                    }
                 }
             }
         }

@@ -2,10 +2,14 @@
 //!
 //! Every command takes `--model PATH` (a HuggingFace folder or a `.gguf` file); without it, the
 //! embedded default model (SmolLM2-135M-Instruct) is used and fetched on first use.
+//!
+//! `kvb replay` is the stable interface for outside harnesses: JSONL requests in, one JSON result
+//! line per request out (its fields are documented in the README and in `commands/replay.rs`).
 
 mod backend;
 mod commands;
 mod model_arg;
+mod peak_memory;
 
 use clap::{Parser, Subcommand};
 
@@ -28,6 +32,8 @@ enum Command {
     Chat(commands::chat::ChatArgs),
     /// A scripted chat and a moved document: TTFT cold vs warm, reuse per turn.
     Demo(commands::demo::DemoArgs),
+    /// Run the requests of a JSONL file through one engine; one JSON result line per request.
+    Replay(commands::replay::ReplayArgs),
     /// Fetch the default model into the models folder (idempotent).
     FetchModel,
 }
@@ -38,6 +44,7 @@ fn main() {
         Command::Generate(args) => commands::generate::run(args),
         Command::Chat(args) => commands::chat::run(args),
         Command::Demo(args) => commands::demo::run(args),
+        Command::Replay(args) => commands::replay::run(args),
         Command::FetchModel => model_arg::resolve(None).map(|p| {
             eprintln!("default model ready at {}", p.display());
         }),

@@ -96,13 +96,11 @@ mod cpu {
     use kvb_attn::fastmath::fast_exp;
     use rayon::prelude::*;
 
-    /// Up to this many rows, a product is a few matrix-vector products: burn-ndarray would send it
-    /// through matrixmultiply, which packs the whole `[k, n]` weight on every call (measured: the
-    /// 576x49152 LM head took 107 ms per decode step, 0.5 GFLOP/s). Streaming the weight once
-    /// instead is bound by memory bandwidth.
-    const GEMV_MAX_ROWS: usize = 8;
-    /// Output columns per parallel task: 256 floats keep each row segment a 1 KiB streaming read.
-    const COLUMN_BLOCK: usize = 256;
+    /// Up to this many rows, a product runs through [`super::super::few_rows`], which streams the
+    /// weight once instead of packing it (burn-ndarray sends every product through
+    /// matrixmultiply, which packs the whole `[k, n]` weight on each call: the LM head took 107
+    /// ms per decode step). Above it, packing pays for itself.
+    const FEW_ROWS_MAX: usize = 32;
 
     fn f32_slice(t: &NdArrayTensor) -> Option<(Vec<usize>, &[f32])> {
         match t {
@@ -114,38 +112,6 @@ mod cpu {
             }
             _ => None,
         }
-    }
-
-    /// `y[r, j] = sum_i x[r, i] * w[i, j]`, parallel over blocks of output columns.
-    fn gemv_rows(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
-        let blocks: Vec<Vec<f32>> = (0..n.div_ceil(COLUMN_BLOCK))
-            .into_par_iter()
-            .map(|b| {
-                let j0 = b * COLUMN_BLOCK;
-                let width = COLUMN_BLOCK.min(n - j0);
-                let mut acc = vec![0f32; m * width];
-                for i in 0..k {
-                    let row = &w[i * n + j0..i * n + j0 + width];
-                    for r in 0..m {
-                        let xi = x[r * k + i];
-                        let out = &mut acc[r * width..(r + 1) * width];
-                        for (o, &wv) in out.iter_mut().zip(row) {
-                            *o += xi * wv;
-                        }
-                    }
-                }
-                acc
-            })
-            .collect();
-        let mut y = vec![0f32; m * n];
-        for (b, acc) in blocks.iter().enumerate() {
-            let j0 = b * COLUMN_BLOCK;
-            let width = acc.len() / m;
-            for r in 0..m {
-                y[r * n + j0..r * n + j0 + width].copy_from_slice(&acc[r * width..(r + 1) * width]);
-            }
-        }
-        y
     }
 
     /// Rows per parallel task for row-wise ops (RMSNorm, SwiGLU): enough work to amortise rayon.
@@ -289,7 +255,7 @@ mod cpu {
         fn linear_matmul(x: Tensor<Self, 2>, w: Tensor<Self, 2>) -> Tensor<Self, 2> {
             let [m, k] = x.dims();
             let [_, n] = w.dims();
-            if m > GEMV_MAX_ROWS {
+            if m > FEW_ROWS_MAX {
                 return x.matmul(w);
             }
             let device = x.device();
@@ -299,7 +265,7 @@ mod cpu {
             };
             match (f32_slice(&xp), f32_slice(&wp)) {
                 (Some((xs, xv)), Some((ws, wv))) if xs == [m, k] && ws == [k, n] => {
-                    let y = gemv_rows(xv, wv, m, k, n);
+                    let y = super::super::few_rows::matmul(xv, wv, m, k, n);
                     Tensor::from_data(TensorData::new(y, [m, n]), &device)
                 }
                 // Not contiguous f32: the generic path is always correct.

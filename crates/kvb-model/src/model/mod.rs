@@ -1,6 +1,8 @@
 //! The Llama-layout transformer: load from any [`TensorSource`], run at explicit positions.
 
 mod backend_ops;
+#[cfg(feature = "ndarray")]
+mod few_rows;
 mod layers;
 
 pub use backend_ops::ModelBackend;

@@ -37,6 +37,9 @@ pub struct EngineArgs {
     /// First tokens always computed fresh.
     #[arg(long, default_value_t = 0)]
     pub sink_tokens: usize,
+    /// Do not keep the last request's K/V resident: every reuse then reads the chunk store.
+    #[arg(long)]
+    pub no_resident: bool,
     /// baseline, prefix or chunk-reuse.
     #[arg(long, default_value = "chunk-reuse")]
     pub mode: GenerationMode,
@@ -56,6 +59,7 @@ impl EngineArgs {
             overlap_k: self.overlap_k,
             sink_tokens: self.sink_tokens,
             strict,
+            keep_resident: !self.no_resident,
             ..EngineConfig::new(self.max_cache_bytes)
         }
     }

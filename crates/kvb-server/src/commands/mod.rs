@@ -4,3 +4,4 @@ pub mod chat;
 pub mod demo;
 pub mod engine_args;
 pub mod generate;
+pub mod replay;
