@@ -20,6 +20,8 @@ pub struct EngineConfig {
     pub recompute_strategy: RecomputeStrategy,
     /// Selective: tokens recomputed after each seam.
     pub recompute_overlap: usize,
+    /// CacheBlend: the layer whose keys pick the tokens to recompute (1, as in the paper).
+    pub cacheblend_probe_layer: usize,
     /// CacheBlend: fraction of a reused chunk's tokens recomputed.
     pub recompute_ratio: f32,
     /// Bits of stored K/V: 16 keeps f32 (exact), 8 or 4 use KIVI.
@@ -51,6 +53,7 @@ impl EngineConfig {
             eviction: EvictionPolicy::default(),
             recompute_strategy: RecomputeStrategy::Selective,
             recompute_overlap: 16,
+            cacheblend_probe_layer: 1,
             recompute_ratio: 0.15,
             kv_bits: 16,
             disk_dir: None,

@@ -274,6 +274,7 @@ impl<B: ModelBackend> Engine<B> {
             overlap_k: self.config.overlap_k,
             ratio: self.config.recompute_ratio,
             sink_tokens: self.config.sink_tokens,
+            probe_layer: self.config.cacheblend_probe_layer,
         }
     }
 

@@ -66,6 +66,9 @@ pub struct RepairConfig {
     pub ratio: f32,
     /// Slots below this are always recomputed when in a span (attention sinks).
     pub sink_tokens: usize,
+    /// CacheBlend: the layer whose keys measure deviation (the layers before it run over the
+    /// whole span). Layer 1 is the paper's choice and the cheapest.
+    pub probe_layer: usize,
 }
 
 impl Default for RepairConfig {
@@ -76,6 +79,7 @@ impl Default for RepairConfig {
             overlap_k: 0,
             ratio: 0.15,
             sink_tokens: 0,
+            probe_layer: 1,
         }
     }
 }
@@ -152,7 +156,7 @@ pub fn repair<B: ModelBackend>(
             let positions: Vec<usize> = slots.iter().map(|&s| map.positions[s]).collect();
             // Layer 1's keys depend on layer 0's attention over the context: the first place a
             // new context shows. Models with one layer have nothing to probe: recompute by ratio.
-            let probe_layer = 1.min(model.config().num_layers - 1);
+            let probe_layer = config.probe_layer.min(model.config().num_layers - 1);
             let deviation = if probe_layer == 0 {
                 vec![0.0; slots.len()]
             } else {

@@ -167,7 +167,8 @@ pub fn run(args: &[String], kvb: &Path) -> Result<()> {
     std::fs::write(&requests, text).with_context(|| format!("writing {}", requests.display()))?;
 
     let mut runs: BTreeMap<String, Vec<Vec<Line>>> = BTreeMap::new();
-    let mut peak: BTreeMap<String, u64> = BTreeMap::new();
+    // Per variant: (peak RSS, largest RSS after a request).
+    let mut peak: BTreeMap<String, (u64, u64)> = BTreeMap::new();
     for rep in 0..o.reps {
         for (vi, v) in VARIANTS.iter().enumerate() {
             eprintln!("bench: repetition {}/{}, {}", rep + 1, o.reps, v.name);
@@ -188,8 +189,9 @@ pub fn run(args: &[String], kvb: &Path) -> Result<()> {
                 .filter_map(|l| l.peak_rss_bytes)
                 .max()
                 .unwrap_or(0);
+            let after = lines.iter().filter_map(|l| l.rss_bytes).max().unwrap_or(0);
             let e = peak.entry(v.name.to_string()).or_default();
-            *e = (*e).max(p);
+            *e = (e.0.max(p), e.1.max(after));
             runs.entry(v.name.to_string()).or_default().push(lines);
         }
     }

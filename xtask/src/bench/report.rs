@@ -62,7 +62,8 @@ pub struct Report {
     pub meta: Meta,
     pub variants: Vec<String>,
     pub workloads: Vec<WorkloadResult>,
-    pub peak_rss_bytes: BTreeMap<String, u64>,
+    /// Per variant: (peak RSS, model loading included; largest RSS after a request).
+    pub memory_bytes: BTreeMap<String, (u64, u64)>,
     pub targets: Vec<Target>,
 }
 
@@ -82,7 +83,7 @@ pub fn build(
     meta: &Meta,
     workloads: &[Workload],
     reduced: &[RequestResult],
-    peak: &BTreeMap<String, u64>,
+    peak: &BTreeMap<String, (u64, u64)>,
 ) -> Result<Report> {
     let mut it = reduced.iter();
     let mut grouped = Vec::new();
@@ -106,7 +107,7 @@ pub fn build(
         meta: meta.clone(),
         variants: VARIANTS.iter().map(|v| v.name.to_string()).collect(),
         workloads: grouped,
-        peak_rss_bytes: peak.clone(),
+        memory_bytes: peak.clone(),
         targets: Vec::new(),
     };
     report.targets = targets(&report);
@@ -303,9 +304,12 @@ fn markdown(r: &Report) -> String {
     s += &summary_markdown(r);
     s += "\n## Targets\n\n";
     s += &targets_markdown(r);
-    s += "\n## Peak memory (process RSS)\n\n| variant | peak |\n|---|---:|\n";
-    for (v, b) in &r.peak_rss_bytes {
-        let _ = writeln!(s, "| {v} | {:.0} MiB |", *b as f64 / (1 << 20) as f64);
+    s += "\n## Memory (process RSS)\n\nThe peak includes loading the model (its f32 weights are built \
+          from the checkpoint); the largest RSS after a request is the model plus what the cache then \
+          holds.\n\n| variant | peak | largest after a request |\n|---|---:|---:|\n";
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    for (v, (p, after)) in &r.memory_bytes {
+        let _ = writeln!(s, "| {v} | {:.0} MiB | {:.0} MiB |", mib(*p), mib(*after));
     }
     for w in &r.workloads {
         let _ = write!(

@@ -40,6 +40,7 @@ pub struct Line {
     pub recomputed_tokens: usize,
     pub stages: Stages,
     pub token_ids: Vec<u32>,
+    pub rss_bytes: Option<u64>,
     pub peak_rss_bytes: Option<u64>,
 }
 

@@ -10,7 +10,7 @@ use super::engine_args::EngineArgs;
 use super::generate::{ModelArgs, SamplingArgs};
 use crate::backend::{probe_device, with_backend};
 use crate::model_arg;
-use crate::peak_memory::peak_rss_bytes;
+use crate::peak_memory::{peak_rss_bytes, rss_bytes};
 use anyhow::{bail, Context};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -113,6 +113,7 @@ struct Outcome<'a> {
     stages: StagesMs,
     output_text: &'a str,
     token_ids: &'a [u32],
+    rss_bytes: Option<u64>,
     peak_rss_bytes: Option<u64>,
 }
 
@@ -239,6 +240,7 @@ fn run_on<B: ModelBackend>(
                     stages: (&g.stages).into(),
                     output_text: &g.output_text,
                     token_ids: &g.token_ids,
+                    rss_bytes: rss_bytes(),
                     peak_rss_bytes: peak_rss_bytes(),
                 })?
             }
