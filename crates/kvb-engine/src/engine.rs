@@ -10,7 +10,7 @@ use kvb_hash::{Namespace, PrefixKey};
 use kvb_model::generate::{decode, logits_to_vec, Sampler, StreamEvent};
 use kvb_model::{load_pretrained, KvCache, LoadOptions, LogitsFor, Model, ModelBackend, Tokenizer};
 use kvb_quant::{Bits, QuantConfig};
-use kvb_repair::{repair, RecomputeStrategy, RepairConfig, SlotMap};
+use kvb_repair::{repair, select, RecomputeStrategy, RepairConfig, SlotMap};
 use kvb_store::{ChunkStore, DiskConfig, KvChunk, KvFormat, StoreConfig, StoreStats};
 use std::ops::Range;
 use std::path::Path;
@@ -475,6 +475,7 @@ impl<B: ModelBackend> Engine<B> {
         stages.assemble += t.elapsed();
         let mut pos = plan.prefix_tokens;
         out.exact_until = n;
+        let mut deferred: Vec<usize> = Vec::new();
         // Adjacent reused chunks form one span: placed, and repaired, in one pass. A CacheBlend
         // pass costs one probe and one forward of the selected tokens; chunk by chunk, those
         // fixed costs were paid per chunk (measured: 3 chunks of a moved document, 500 ms).
@@ -515,13 +516,15 @@ impl<B: ModelBackend> Engine<B> {
                 tokens,
                 positions: &positions,
             };
-            let report = repair(
-                &self.model,
-                cache,
-                &map,
-                span.clone(),
-                &self.repair_config(true),
-            )?;
+            let config = self.repair_config(true);
+            // The last run's recompute joins the live suffix's forward pass below.
+            let report = if j == plan.interior.len() {
+                let r = select(&self.model, cache, &map, span.clone(), &config)?;
+                deferred.clone_from(&r.recomputed_slots);
+                r
+            } else {
+                repair(&self.model, cache, &map, span.clone(), &config)?
+            };
             stages.repair += t.elapsed();
             out.cached_tokens += span.len();
             out.recomputed_tokens += report.recomputed_slots.len();
@@ -531,9 +534,20 @@ impl<B: ModelBackend> Engine<B> {
             i = j;
         }
         let t = Instant::now();
-        let last = self
-            .model
-            .forward(&tokens[pos..], &positions[pos..], cache, logits)?;
+        let last = if deferred.is_empty() {
+            self.model
+                .forward(&tokens[pos..], &positions[pos..], cache, logits)?
+        } else {
+            // One pass over the repaired slots and the live suffix (see kvb_repair::select):
+            // the suffix sees the repaired K/V as if the repair had run first.
+            let slots: Vec<usize> = deferred.iter().copied().chain(pos..n).collect();
+            let run_tokens: Vec<u32> = slots.iter().map(|&s| tokens[s]).collect();
+            let run_positions: Vec<usize> = slots.iter().map(|&s| positions[s]).collect();
+            cache.reserve(n - cache.len());
+            cache.set_len(n)?;
+            self.model
+                .forward_at_slots(&run_tokens, &run_positions, &slots, cache, logits)?
+        };
         stages.live_prefill += t.elapsed();
         Ok((logits_to_vec(last)?, out))
     }

@@ -11,7 +11,8 @@ pub struct StageTimes {
     pub lookup: Duration,
     /// Placing cached K/V in the live cache (decoding, dequantizing, re-rotating, uploading).
     pub assemble: Duration,
-    /// Seam repair.
+    /// Seam repair: probing and recomputing, except the recompute of the last reused run, which
+    /// shares the live prefill's forward pass.
     pub repair: Duration,
     /// Running the model over the tokens not covered by the cache.
     pub live_prefill: Duration,

@@ -129,8 +129,25 @@ fn key_deviation<B: ModelBackend>(fresh: Tensor<B, 4>, cached: Tensor<B, 4>) -> 
         .map_err(|e| kvb_model::ModelError::Forward(format!("reading key deviations: {e:?}")))
 }
 
-/// Repairs the reused span `span` of the cache (slots already filled with reused K/V).
+/// Repairs the reused span `span` of the cache (slots already filled with reused K/V): picks the
+/// slots to recompute ([`select`]) and recomputes them.
 pub fn repair<B: ModelBackend>(
+    model: &Model<B>,
+    cache: &mut KvCache<B>,
+    map: &SlotMap,
+    span: Range<usize>,
+    config: &RepairConfig,
+) -> Result<RepairReport> {
+    let report = select(model, cache, map, span, config)?;
+    recompute(model, cache, map, &report.recomputed_slots)?;
+    Ok(report)
+}
+
+/// Picks the slots of `span` to recompute, without recomputing them (CacheBlend's probe does
+/// rewrite the span's K/V below its probe layer). A caller may then recompute them in the same
+/// forward pass as the tokens that follow the span: each layer writes every row's K/V before any
+/// row attends, so that equals recomputing first, and the weights are read once.
+pub fn select<B: ModelBackend>(
     model: &Model<B>,
     cache: &mut KvCache<B>,
     map: &SlotMap,
@@ -174,7 +191,6 @@ pub fn repair<B: ModelBackend>(
     }
     chosen.sort_unstable();
     chosen.dedup();
-    recompute(model, cache, map, &chosen)?;
     report.recomputed_slots = chosen;
     Ok(report)
 }
