@@ -62,35 +62,32 @@ fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
 
-/// `cargo run --release -p kvb-server -- <args>` with the shared feature set.
-fn kvb(args: &[&str]) -> Command {
+/// `cargo <verb> --release -p kvb-server` with the shared feature set.
+fn kvb_cargo(verb: &str) -> Command {
     let mut c = cargo();
     c.args([
-        "run",
+        verb,
         "--release",
         "--quiet",
         "-p",
         "kvb-server",
         "--features",
         FEATURES,
-        "--",
     ]);
-    c.args(args);
+    c
+}
+
+/// `cargo run --release -p kvb-server -- <args>` with the shared feature set.
+fn kvb(args: &[&str]) -> Command {
+    let mut c = kvb_cargo("run");
+    c.arg("--").args(args);
     c
 }
 
 /// Builds the `kvb` binary (the shared feature set) and returns its path: the benchmark runs it
 /// directly, so nothing is rebuilt between its runs.
 fn kvb_binary() -> Result<PathBuf> {
-    run(cargo().args([
-        "build",
-        "--release",
-        "--quiet",
-        "-p",
-        "kvb-server",
-        "--features",
-        FEATURES,
-    ]))?;
+    run(&mut kvb_cargo("build"))?;
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("target"));

@@ -657,19 +657,18 @@ impl<B: ModelBackend> Engine<B> {
             (Ok(x), Ok(y)) => x.cmp(y),
             (x, y) => x.is_ok().cmp(&y.is_ok()),
         });
-        let mut results: Vec<Option<Result<GenerationResult, EngineError>>> =
-            (0..prompts.len()).map(|_| None).collect();
-        for i in order {
-            let r = match &encoded[i] {
-                Ok(tokens) => self.generate_from(start, tokenize, tokens, options, &mut |_| {}),
-                Err(e) => Err(EngineError::Config(format!("prompt {i}: {e}"))),
-            };
-            results[i] = Some(r);
-        }
-        results
+        let mut served: Vec<(usize, Result<GenerationResult, EngineError>)> = order
             .into_iter()
-            .map(|r| r.expect("every prompt of the batch was served"))
-            .collect()
+            .map(|i| {
+                let r = match &encoded[i] {
+                    Ok(tokens) => self.generate_from(start, tokenize, tokens, options, &mut |_| {}),
+                    Err(e) => Err(EngineError::Config(format!("prompt {i}: {e}"))),
+                };
+                (i, r)
+            })
+            .collect();
+        served.sort_by_key(|(i, _)| *i);
+        served.into_iter().map(|(_, r)| r).collect()
     }
 
     /// As [`Engine::generate`], from token ids.

@@ -3,6 +3,8 @@
 use super::report::Report;
 use super::results::median;
 use anyhow::{anyhow, Result};
+use plotters::coord::types::RangedCoordf64;
+use plotters::coord::Shift;
 use plotters::prelude::*;
 use std::path::Path;
 
@@ -20,6 +22,55 @@ fn color(i: usize) -> RGBColor {
 
 fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
     anyhow!("drawing a plot: {e:?}")
+}
+
+type Chart<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// The series legend, top left, the same on every plot.
+fn legend<'a, 'b: 'a>(chart: &mut Chart<'a, 'b>) -> Result<()> {
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)
+}
+
+/// A chart with one unit-wide slot per workload along x, named at its middle, and `0..y_max` up.
+fn workload_chart<'a, 'b>(
+    root: &'a DrawingArea<SVGBackend<'b>, Shift>,
+    (caption, size): (&str, u32),
+    r: &Report,
+    y_max: f64,
+    y_desc: &str,
+) -> Result<Chart<'a, 'b>> {
+    root.fill(&WHITE).map_err(err)?;
+    let n = r.workloads.len();
+    let mut chart = ChartBuilder::on(root)
+        .caption(caption, ("sans-serif", size))
+        .margin(12)
+        .x_label_area_size(50)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0f64..n as f64, 0f64..y_max)
+        .map_err(err)?;
+    let names: Vec<String> = r.workloads.iter().map(|w| w.name.clone()).collect();
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(n * 2 + 1)
+        .x_label_formatter(&|x| {
+            let i = x.floor() as usize;
+            if (x - i as f64 - 0.5).abs() < 0.01 && i < names.len() {
+                names[i].clone()
+            } else {
+                String::new()
+            }
+        })
+        .y_desc(y_desc)
+        .draw()
+        .map_err(err)?;
+    Ok(chart)
 }
 
 /// Draws every plot into `dir`.
@@ -75,13 +126,7 @@ fn conversation(path: &Path, r: &Report) -> Result<()> {
             .draw_series(points.iter().map(|&p| Circle::new(p, 3, c.filled())))
             .map_err(err)?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
+    legend(&mut chart)?;
     root.present().map_err(err)?;
     Ok(())
 }
@@ -149,13 +194,7 @@ fn ttft_vs_length(path: &Path, r: &Report) -> Result<()> {
             .label(label)
             .legend(move |(x, y)| Circle::new((x + 10, y), 4, c.filled()));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
+    legend(&mut chart)?;
     root.present().map_err(err)?;
     Ok(())
 }
@@ -177,33 +216,13 @@ fn speedup(path: &Path, r: &Report) -> Result<()> {
         .collect();
     let y_max = values.iter().flatten().fold(1.0f64, |a, &b| a.max(b)) * 1.15;
     let root = SVGBackend::new(path, (900, 500)).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            "Speedup of TTFT over Baseline (warm requests, median)",
-            ("sans-serif", 22),
-        )
-        .margin(12)
-        .x_label_area_size(50)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0f64..n as f64, 0f64..y_max)
-        .map_err(err)?;
-    let names: Vec<String> = r.workloads.iter().map(|w| w.name.clone()).collect();
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(n * 2 + 1)
-        .x_label_formatter(&|x| {
-            let i = x.floor() as usize;
-            if (x - i as f64 - 0.5).abs() < 0.01 && i < names.len() {
-                names[i].clone()
-            } else {
-                String::new()
-            }
-        })
-        .y_desc("speedup (x)")
-        .draw()
-        .map_err(err)?;
+    let mut chart = workload_chart(
+        &root,
+        ("Speedup of TTFT over Baseline (warm requests, median)", 22),
+        r,
+        y_max,
+        "speedup (x)",
+    )?;
     let width = 0.8 / variants.len() as f64;
     for (vi, v) in variants.iter().enumerate() {
         let c = color(vi + 1);
@@ -222,13 +241,7 @@ fn speedup(path: &Path, r: &Report) -> Result<()> {
             BLACK.stroke_width(1),
         )))
         .map_err(err)?;
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
+    legend(&mut chart)?;
     root.present().map_err(err)?;
     Ok(())
 }
@@ -237,7 +250,6 @@ fn speedup(path: &Path, r: &Report) -> Result<()> {
 /// for Baseline and ChunkReuse (selective) side by side.
 fn stages(path: &Path, r: &Report) -> Result<()> {
     let shown = [r.variants[0].clone(), r.variants[2].clone()];
-    let n = r.workloads.len();
     let bars: Vec<Vec<[(&str, f64); 5]>> = r
         .workloads
         .iter()
@@ -269,36 +281,11 @@ fn stages(path: &Path, r: &Report) -> Result<()> {
         .fold(1.0f64, f64::max)
         * 1.15;
     let root = SVGBackend::new(path, (900, 500)).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!(
-                "Stages before the first token (warm requests): left {}, right {}",
-                shown[0], shown[1]
-            ),
-            ("sans-serif", 18),
-        )
-        .margin(12)
-        .x_label_area_size(50)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0f64..n as f64, 0f64..y_max)
-        .map_err(err)?;
-    let names: Vec<String> = r.workloads.iter().map(|w| w.name.clone()).collect();
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(n * 2 + 1)
-        .x_label_formatter(&|x| {
-            let i = x.floor() as usize;
-            if (x - i as f64 - 0.5).abs() < 0.01 && i < names.len() {
-                names[i].clone()
-            } else {
-                String::new()
-            }
-        })
-        .y_desc("ms")
-        .draw()
-        .map_err(err)?;
+    let caption = format!(
+        "Stages before the first token (warm requests): left {}, right {}",
+        shown[0], shown[1]
+    );
+    let mut chart = workload_chart(&root, (&caption, 18), r, y_max, "ms")?;
     let stage_names = bars
         .first()
         .and_then(|b| b.first())
@@ -323,13 +310,7 @@ fn stages(path: &Path, r: &Report) -> Result<()> {
             .label(*stage)
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], c.filled()));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
+    legend(&mut chart)?;
     root.present().map_err(err)?;
     Ok(())
 }

@@ -116,6 +116,13 @@ pub fn all(corpus: &Path, docs: &Path, size: &Size) -> Result<Vec<Workload>> {
         reset: first,
         cold: first,
     };
+    // Requests `name1`, `name2`, ... over one context; the first opens the workload.
+    let series = |workload: &str, name: &str, prompts: &mut dyn Iterator<Item = String>| {
+        prompts
+            .enumerate()
+            .map(|(i, p)| req(workload, &format!("{name}{}", i + 1), p, i == 0))
+            .collect::<Vec<_>>()
+    };
     let doc = |name: &str| -> Result<String> { Ok(cut(&read(docs, name)?, s.text)) };
     let mut out = Vec::new();
 
@@ -129,17 +136,16 @@ pub fn all(corpus: &Path, docs: &Path, size: &Size) -> Result<Vec<Workload>> {
     out.push(Workload {
         name: "system_prompt",
         title: "System prompt reuse (~250 tokens, 4 questions)",
-        requests: questions
-            .iter()
-            .enumerate()
-            .map(|(i, q)| {
-                let p = Chat::new(s)
+        requests: series(
+            "system_prompt",
+            "q",
+            &mut questions.iter().map(|q| {
+                Chat::new(s)
                     .message("system", &system)
                     .message("user", q)
-                    .prompt();
-                req("system_prompt", &format!("q{}", i + 1), p, i == 0)
-            })
-            .collect(),
+                    .prompt()
+            }),
+        ),
     });
 
     let rag_system = "Answer the question using only the document. Quote figures exactly.";
@@ -195,14 +201,13 @@ pub fn all(corpus: &Path, docs: &Path, size: &Size) -> Result<Vec<Workload>> {
     out.push(Workload {
         name: "few_shot",
         title: "Few-shot classification (~500 tokens, 4 inputs)",
-        requests: reviews
-            .iter()
-            .enumerate()
-            .map(|(i, r)| {
-                let p = format!("{shots}\n\nReview: {r}\nSentiment:");
-                req("few_shot", &format!("input{}", i + 1), p, i == 0)
-            })
-            .collect(),
+        requests: series(
+            "few_shot",
+            "input",
+            &mut reviews
+                .iter()
+                .map(|r| format!("{shots}\n\nReview: {r}\nSentiment:")),
+        ),
     });
 
     let code = cut(&read(corpus, "code_sample.rs")?, s.text);
@@ -214,18 +219,17 @@ pub fn all(corpus: &Path, docs: &Path, size: &Size) -> Result<Vec<Workload>> {
     out.push(Workload {
         name: "code",
         title: "Code context (~880 tokens, 3 questions over one file)",
-        requests: code_questions
-            .iter()
-            .enumerate()
-            .map(|(i, q)| {
+        requests: series(
+            "code",
+            "q",
+            &mut code_questions.iter().map(|q| {
                 let user = format!("```rust\n{code}\n```\n\n{q}");
-                let p = Chat::new(s)
+                Chat::new(s)
                     .message("system", "You are a senior Rust engineer reviewing code.")
                     .message("user", &user)
-                    .prompt();
-                req("code", &format!("q{}", i + 1), p, i == 0)
-            })
-            .collect(),
+                    .prompt()
+            }),
+        ),
     });
 
     let conv: Conversation = serde_json::from_str(&read(corpus, "conversation.json")?)
@@ -269,18 +273,17 @@ pub fn all(corpus: &Path, docs: &Path, size: &Size) -> Result<Vec<Workload>> {
     out.push(Workload {
         name: "moved_document",
         title: "Document moved behind a new preamble (interior reuse, ~550 tokens)",
-        requests: preambles
-            .iter()
-            .enumerate()
-            .map(|(i, (pre, q))| {
+        requests: series(
+            "moved_document",
+            "preamble",
+            &mut preambles.iter().map(|(pre, q)| {
                 let user = format!("Document:\n{moved}\n\nQuestion: {q}");
-                let p = Chat::new(s)
+                Chat::new(s)
                     .message("system", pre)
                     .message("user", &user)
-                    .prompt();
-                req("moved_document", &format!("preamble{}", i + 1), p, i == 0)
-            })
-            .collect(),
+                    .prompt()
+            }),
+        ),
     });
 
     let long = cut(&read(corpus, "long_document.md")?, s.text);
@@ -292,18 +295,17 @@ pub fn all(corpus: &Path, docs: &Path, size: &Size) -> Result<Vec<Workload>> {
     out.push(Workload {
         name: "long_document",
         title: "Long document (~3,000 tokens, 3 questions)",
-        requests: long_questions
-            .iter()
-            .enumerate()
-            .map(|(i, q)| {
+        requests: series(
+            "long_document",
+            "q",
+            &mut long_questions.iter().map(|q| {
                 let user = format!("{long}\n\n{q}");
-                let p = Chat::new(s)
+                Chat::new(s)
                     .message("system", "You answer questions about the user's notes.")
                     .message("user", &user)
-                    .prompt();
-                req("long_document", &format!("q{}", i + 1), p, i == 0)
-            })
-            .collect(),
+                    .prompt()
+            }),
+        ),
     });
     Ok(out)
 }

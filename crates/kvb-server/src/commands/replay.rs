@@ -168,7 +168,7 @@ fn prompt_text<B: ModelBackend>(engine: &Engine<B>, r: &Request) -> anyhow::Resu
                 .collect();
             Ok(engine.tokenizer().apply_chat_template(&messages, true)?)
         }
-        (None, None) => unreachable!("read_requests checks that a request has a prompt"),
+        (None, None) => bail!("request {}: no `prompt` or `messages`", r.id),
     }
 }
 
