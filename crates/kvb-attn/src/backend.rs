@@ -1,12 +1,13 @@
 //! The attention a backend runs: the reference ops unless the backend has a faster kernel.
 
+use crate::paged::{self, PagedBatch};
 use crate::{reference, AttnError, Visibility};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Tensor};
 
-/// A burn backend that can run kvb's attention. The default method is the reference in burn
+/// A burn backend that can run kvb's attention. The default methods are the references in burn
 /// tensor ops, so `impl AttentionBackend for MyBackend {}` is all another backend needs; a backend
-/// overrides it only with a kernel that gives the same results (tested against the reference).
+/// overrides one only with a kernel that gives the same results (tested against the reference).
 pub trait AttentionBackend: Backend {
     /// Same contract and shapes as [`crate::attention`].
     fn attention(
@@ -18,6 +19,17 @@ pub trait AttentionBackend: Backend {
         scale: f32,
     ) -> Result<Tensor<Self, 4>, AttnError> {
         reference::attention(q, k, v, visibility, extra_mask, scale)
+    }
+
+    /// Same contract and shapes as [`crate::paged_attention`].
+    fn paged_attention(
+        q: Tensor<Self, 4>,
+        k_pool: &Tensor<Self, 3>,
+        v_pool: &Tensor<Self, 3>,
+        batch: &PagedBatch,
+        scale: f32,
+    ) -> Result<Tensor<Self, 2>, AttnError> {
+        paged::paged_attention(q, k_pool, v_pool, batch, scale)
     }
 }
 

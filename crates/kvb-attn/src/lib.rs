@@ -13,9 +13,17 @@
 //!   head they share (q head `h` uses kv head `h / (q_heads / kv_heads)`, as HF's `repeat_kv`).
 //! - **Extra mask.** An optional `[n, t]` boolean mask (`true` = blocked) narrows what each query sees.
 //! - Bad shapes and rows with nothing visible are errors, never panics or NaNs.
+//! - **Paged K/V.** [`paged_attention`] runs the query rows of many sequences in one call over a
+//!   block pool (`[kv_heads, slots, head_dim]` per layer): each sequence reads its K/V through its
+//!   block table, so sequences that share a prefix share its blocks ([`paged`]).
 //! - **Kernels agree with the reference.** [`AttentionBackend`] lets a backend swap in a faster
-//!   kernel; burn-ndarray gets a tiled online-softmax kernel (feature `ndarray`) that reads a sliced
-//!   K/V cache in place. The same tests hold it to the per-element implementation.
+//!   kernel; burn-ndarray gets tiled online-softmax kernels (feature `ndarray`) that read K/V in
+//!   place, and a decode kernel that reads each shared block once per step for every row that
+//!   needs it. The same tests hold them to the per-element implementation
+//!   (`tests/attention_matches_naive.rs`, `tests/paged_matches_naive.rs`).
+//! - **Batch invariance (CPU).** A row's result depends only on its query, its keys and whether
+//!   it is a prefill or a decode row: not on the other rows or sequences of the call, nor on how a
+//!   prefill is cut into chunks, nor on where its blocks sit in the pool (bit for bit, tested).
 //!
 //! ```
 //! use burn::backend::NdArray;
@@ -37,10 +45,12 @@ mod backend;
 mod cpu;
 pub mod fastmath;
 mod mask;
+pub mod paged;
 mod reference;
 
 pub use backend::AttentionBackend;
 pub use mask::Visibility;
+pub use paged::{paged_attention, PagedBatch, PagedSeq};
 pub use reference::attention;
 
 /// Everything that can go wrong when calling attention.

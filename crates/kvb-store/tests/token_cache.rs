@@ -38,7 +38,7 @@ proptest! {
         for i in 0..n { c.append(&vector(i), &vector(i + 1), i % 4).unwrap(); }
         c.update_attention_scores(&scores[..n]).unwrap();
         c.evict(budget);
-        prop_assert!(c.len() <= budget.max(0));
+        prop_assert!(c.len() <= budget);
         let memory = c.memory_bytes();
         let per_entry = 2 * (16 + 4 * 2) + ENTRY_OVERHEAD; // 8-bit codes + f16 scale/zero per group of 8
         prop_assert_eq!(memory, c.len() * per_entry);

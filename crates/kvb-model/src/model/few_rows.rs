@@ -8,7 +8,15 @@
 //! accumulators in registers; the band of the weight stays in cache between row groups.
 //!
 //! With AVX2 and FMA (detected at run time) the band kernel uses fused multiply-adds; elsewhere
-//! a portable loop computes the same sums (rounding may differ in the last bit).
+//! a portable loop computes the same sums.
+//!
+//! **Bit-identical to matrixmultiply.** The reduction over `k` runs in blocks of [`KC`] (256, the
+//! `kc` of matrixmultiply's sgemm, which burn-ndarray uses above [`super`]'s row threshold): each
+//! block is summed from zero by sequential multiply-adds, and the block sums are added to the
+//! output in order, exactly as matrixmultiply's micro-kernel and its `beta = 1` accumulation do.
+//! So a row's result does not depend on how many rows share the call, nor on which of the two
+//! kernels ran: a sequence batched with others computes bit for bit what it computes alone
+//! (`tests::matches_matrixmultiply_bit_for_bit`).
 
 use rayon::prelude::*;
 
@@ -16,6 +24,8 @@ use rayon::prelude::*;
 const BAND: usize = 16;
 /// Bands per parallel task: enough work per task to amortise scheduling.
 const BANDS_PER_TASK: usize = 4;
+/// The reduction block of matrixmultiply's sgemm (`S_KC` in its `archparam_defaults.rs`).
+pub(crate) const KC: usize = 256;
 
 /// `y = x · w` for row-major `x [m, k]` and `w [k, n]`.
 pub fn matmul(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
@@ -59,8 +69,7 @@ fn columns(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
+        if has_fma() {
             let full = cols / BAND * BAND;
             // SAFETY: the CPU supports AVX2 and FMA (checked above); the kernel reads x rows
             // `0..m` (k each), w rows `0..k` at columns `j0..j0 + full` (within n), and writes
@@ -90,22 +99,57 @@ fn portable(
     if width == 0 {
         return;
     }
+    let fused = has_fma();
+    let mut acc = vec![0f32; width];
     for r in 0..m {
         let out = &mut tile[r * cols + from..r * cols + cols];
-        for i in 0..k {
-            let xi = x[r * k + i];
-            let row = &w[i * n + j..i * n + j + width];
-            for (o, &wv) in out.iter_mut().zip(row) {
-                *o += xi * wv;
+        for k0 in (0..k).step_by(KC) {
+            acc.fill(0.0);
+            for i in k0..(k0 + KC).min(k) {
+                let xi = x[r * k + i];
+                let row = &w[i * n + j..i * n + j + width];
+                for (a, &wv) in acc.iter_mut().zip(row) {
+                    *a = if fused {
+                        xi.mul_add(wv, *a)
+                    } else {
+                        xi * wv + *a
+                    };
+                }
+            }
+            for (o, a) in out.iter_mut().zip(&acc) {
+                *o = if k0 == 0 { *a } else { *o + *a };
             }
         }
     }
 }
 
+/// Whether matrixmultiply runs its FMA kernel here (AVX2 and FMA): multiply-adds must then be
+/// fused to round as it does; elsewhere they round twice, as its other kernels do.
+fn has_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("fma") && std::arch::is_x86_feature_detected!("avx2")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::BAND;
+    use super::{BAND, KC};
     use std::arch::x86_64::*;
+
+    /// `tile = acc` for the first reduction block, `tile += acc` after it.
+    #[inline(always)]
+    unsafe fn put(out: *mut f32, acc: __m256, first: bool) {
+        if first {
+            _mm256_storeu_ps(out, acc);
+        } else {
+            _mm256_storeu_ps(out, _mm256_add_ps(_mm256_loadu_ps(out), acc));
+        }
+    }
 
     /// Bands of 16 columns: tile columns `0..full`, output columns `j0..j0 + full`; `stride` is
     /// the tile's row length.
@@ -125,36 +169,39 @@ mod avx2 {
         let (xp, wp, tp) = (x.as_ptr(), w.as_ptr(), tile.as_mut_ptr());
         for b in (0..full).step_by(BAND) {
             let wb = wp.add(j0 + b);
-            let mut r = 0;
-            while r + 4 <= m {
-                let mut acc = [_mm256_setzero_ps(); 8];
-                for i in 0..k {
-                    let w0 = _mm256_loadu_ps(wb.add(i * n));
-                    let w1 = _mm256_loadu_ps(wb.add(i * n + 8));
-                    for q in 0..4 {
-                        let xq = _mm256_broadcast_ss(&*xp.add((r + q) * k + i));
-                        acc[2 * q] = _mm256_fmadd_ps(xq, w0, acc[2 * q]);
-                        acc[2 * q + 1] = _mm256_fmadd_ps(xq, w1, acc[2 * q + 1]);
+            for k0 in (0..k).step_by(KC) {
+                let (k1, first) = ((k0 + KC).min(k), k0 == 0);
+                let mut r = 0;
+                while r + 4 <= m {
+                    let mut acc = [_mm256_setzero_ps(); 8];
+                    for i in k0..k1 {
+                        let w0 = _mm256_loadu_ps(wb.add(i * n));
+                        let w1 = _mm256_loadu_ps(wb.add(i * n + 8));
+                        for q in 0..4 {
+                            let xq = _mm256_broadcast_ss(&*xp.add((r + q) * k + i));
+                            acc[2 * q] = _mm256_fmadd_ps(xq, w0, acc[2 * q]);
+                            acc[2 * q + 1] = _mm256_fmadd_ps(xq, w1, acc[2 * q + 1]);
+                        }
                     }
+                    for q in 0..4 {
+                        let out = tp.add((r + q) * stride + b);
+                        put(out, acc[2 * q], first);
+                        put(out.add(8), acc[2 * q + 1], first);
+                    }
+                    r += 4;
                 }
-                for q in 0..4 {
-                    let out = tp.add((r + q) * stride + b);
-                    _mm256_storeu_ps(out, acc[2 * q]);
-                    _mm256_storeu_ps(out.add(8), acc[2 * q + 1]);
+                while r < m {
+                    let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                    for i in k0..k1 {
+                        let xq = _mm256_broadcast_ss(&*xp.add(r * k + i));
+                        a0 = _mm256_fmadd_ps(xq, _mm256_loadu_ps(wb.add(i * n)), a0);
+                        a1 = _mm256_fmadd_ps(xq, _mm256_loadu_ps(wb.add(i * n + 8)), a1);
+                    }
+                    let out = tp.add(r * stride + b);
+                    put(out, a0, first);
+                    put(out.add(8), a1, first);
+                    r += 1;
                 }
-                r += 4;
-            }
-            while r < m {
-                let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-                for i in 0..k {
-                    let xq = _mm256_broadcast_ss(&*xp.add(r * k + i));
-                    a0 = _mm256_fmadd_ps(xq, _mm256_loadu_ps(wb.add(i * n)), a0);
-                    a1 = _mm256_fmadd_ps(xq, _mm256_loadu_ps(wb.add(i * n + 8)), a1);
-                }
-                let out = tp.add(r * stride + b);
-                _mm256_storeu_ps(out, a0);
-                _mm256_storeu_ps(out.add(8), a1);
-                r += 1;
             }
         }
     }
@@ -175,6 +222,38 @@ mod tests {
             }
         }
         y.into_iter().map(|v| v as f32).collect()
+    }
+
+    /// burn-ndarray's product, which runs matrixmultiply's sgemm.
+    fn sgemm(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+        use burn::tensor::{Tensor, TensorData};
+        type Cpu = burn::backend::NdArray<f32>;
+        let dev = Default::default();
+        let x = Tensor::<Cpu, 2>::from_data(TensorData::new(x.to_vec(), [m, k]), &dev);
+        let w = Tensor::<Cpu, 2>::from_data(TensorData::new(w.to_vec(), [k, n]), &dev);
+        x.matmul(w).into_data().to_vec::<f32>().unwrap()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+        /// The same bits as matrixmultiply for every shape (reductions longer than one 256-wide
+        /// block, band and row remainders included), so which kernel a row goes through, and how
+        /// many rows share the call, never changes its result. Only where matrixmultiply and this
+        /// kernel pick matching instruction sets (x86-64 with or without AVX2+FMA); elsewhere the
+        /// f64 test below still bounds the error.
+        #[test]
+        fn matches_matrixmultiply_bit_for_bit(m in 1usize..40, k in 1usize..700, n in 1usize..90, seed in 0u32..1000) {
+            let val = |i: usize| (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 2001) as f32 - 1000.0) / 700.0;
+            let x: Vec<f32> = (0..m * k).map(val).collect();
+            let w: Vec<f32> = (0..k * n).map(|i| val(i + 104729)).collect();
+            let got = matmul(&x, &w, m, k, n);
+            let want = sgemm(&x, &w, m, k, n);
+            if cfg!(target_arch = "x86_64") {
+                for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                    prop_assert_eq!(g.to_bits(), e.to_bits(), "element {} of [{}, {}]: {} vs {}", i, m, n, g, e);
+                }
+            }
+        }
     }
 
     proptest! {
