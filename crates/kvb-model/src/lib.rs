@@ -12,7 +12,8 @@
 //! | weights, config and tokenizer from GGUF (F32/F16/BF16/Q8_0/Q4_0/Q4_1) | [`gguf`] |
 //! | tokenizer and chat templates | [`tokenizer`] |
 //! | RoPE at arbitrary positions, re-rotation of cached keys | [`rope`] |
-//! | the transformer and its forward pass | [`model`] |
+//! | the transformer and its forward pass over ragged batches | [`model`] |
+//! | K/V in blocks shared by many sequences; one sequence's cache | [`kv_pool`], [`kv_cache`] |
 //! | greedy and sampled generation with streaming | [`generate`] |
 //! | the embedded default model (SmolLM2-135M-Instruct) | [`fetch`] |
 //!
@@ -23,6 +24,8 @@
 //!   folder and from GGUF (`tests/golden_*.rs`);
 //! - prefilling in parts at explicit positions, or decoding token by token, equals one prefill
 //!   (`tests/incremental.rs`);
+//! - a sequence run in a ragged batch with others, its K/V anywhere in a pool, gives the same
+//!   logits as run alone, bit for bit on the CPU (`tests/batched.rs`);
 //! - re-rotating keys from position p to q equals encoding them at q ([`rope`]);
 //! - malformed configs, checkpoints and GGUF files are errors naming the problem, never panics.
 //!
@@ -45,6 +48,7 @@ pub mod fetch;
 pub mod generate;
 pub mod gguf;
 pub mod kv_cache;
+pub mod kv_pool;
 pub mod model;
 mod pretrained;
 pub mod rope;
@@ -54,7 +58,8 @@ pub mod weights;
 pub use config::{Family, ModelConfig};
 pub use error::{ModelError, Result};
 pub use kv_cache::KvCache;
-pub use model::{LogitsFor, Model, ModelBackend};
+pub use kv_pool::KvPool;
+pub use model::{ForwardBatch, LogitsFor, Model, ModelBackend, SeqRows};
 pub use pretrained::{
     detect_format, load_config, load_pretrained, LoadOptions, ModelFormat, Pretrained,
 };

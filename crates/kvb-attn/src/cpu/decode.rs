@@ -3,10 +3,9 @@
 //! A decode step reads every K/V block of every running sequence for a single query row each;
 //! the product is memory-bound, and sequences behind one system prompt read the same blocks. So
 //! the work is organised by *block*, not by row: a task takes one kv head and a range of logical
-//! blocks, and for each block loads it once and runs every row that reads it (all q heads of the
-//! kv head's group, of every sequence whose table holds that block) while it sits in L1. Sixteen
-//! chats behind one ~1,000-token prompt read that prompt's K/V once per step instead of sixteen
-//! times.
+//! keys, and loads each block once for every row that reads it (all q heads of the kv head's
+//! group, of every sequence whose table holds that block) while it sits in L1. Sixteen chats
+//! behind one ~1,000-token prompt read that prompt's K/V once per step instead of sixteen times.
 //!
 //! Keys are split into segments of a fixed number of blocks (flash-decoding), so a long cache
 //! spreads over every core; each segment keeps its own running softmax per row, and the segments
@@ -19,6 +18,8 @@ use rayon::prelude::*;
 
 /// Keys per segment: at ~3,000 tokens of context a sequence spreads over 6 segments per kv head.
 const SEGMENT_KEYS: usize = 512;
+/// Keys per step of the running softmax: a fixed logical grid, whatever the block size.
+const TILE: usize = 64;
 
 /// One decode row: its index among the query rows, its block table and its last visible slot.
 pub(crate) struct DecodeRow<'a> {
@@ -32,13 +33,6 @@ pub(crate) struct Pool {
     pub k: View<3>,
     pub v: View<3>,
     pub block_size: usize,
-}
-
-/// Running softmax of one (row, q head) over one segment: `acc` holds `d` values.
-struct State<'a> {
-    max: &'a mut f32,
-    sum: &'a mut f32,
-    acc: &'a mut [f32],
 }
 
 /// `q . k` in 8 lanes, summed in a fixed order (so every caller gets the same bits).
@@ -60,48 +54,51 @@ fn dot(q: &[f32], k: &[f32]) -> f32 {
     s
 }
 
-/// Folds `visible` keys of one block into a row's running softmax.
-#[inline(always)]
-fn update(state: State, q: &[f32], keys: &[f32], values: &[f32], d: usize, scale: f32) {
-    let visible = keys.len() / d;
-    let mut scores = [0f32; 512];
-    let scores = &mut scores[..visible];
-    let mut block_max = f32::NEG_INFINITY;
-    for (j, s) in scores.iter_mut().enumerate() {
-        *s = dot(q, &keys[j * d..(j + 1) * d]) * scale;
-        block_max = block_max.max(*s);
-    }
-    let new_max = state.max.max(block_max);
-    let rescale = if *state.max == f32::NEG_INFINITY {
-        0.0
-    } else {
-        fast_exp(*state.max - new_max)
-    };
-    if rescale != 1.0 {
-        state.acc.iter_mut().for_each(|a| *a *= rescale);
-    }
-    let mut sum = 0f32;
-    for (j, s) in scores.iter().enumerate() {
-        let p = fast_exp(s - new_max);
-        sum += p;
-        for (a, &v) in state.acc.iter_mut().zip(&values[j * d..(j + 1) * d]) {
-            *a += p * v;
+/// Calls `each(first key, keys, physical slot, readers)` for every run of keys of tile
+/// `tile` (logical keys `tile * TILE..`) that sits in one physical block, with the rows that
+/// read it (indices into `rows`) grouped by that block.
+fn for_each_block(
+    rows: &[DecodeRow],
+    bs: usize,
+    tile: usize,
+    readers: &mut Vec<(u32, usize)>,
+    mut each: impl FnMut(usize, usize, usize, &[(u32, usize)]),
+) {
+    let (t0, t1) = (tile * TILE, (tile + 1) * TILE);
+    let mut key = t0;
+    while key < t1 {
+        let b = key / bs;
+        let end = ((b + 1) * bs).min(t1);
+        readers.clear();
+        readers.extend(
+            rows.iter()
+                .enumerate()
+                .filter(|(_, r)| key <= r.last)
+                .map(|(i, r)| (r.blocks[b], i)),
+        );
+        readers.sort_unstable();
+        for group in readers.chunk_by(|a, b| a.0 == b.0) {
+            let physical = group[0].0 as usize * bs + key % bs;
+            each(key, end - key, physical, group);
         }
+        key = end;
     }
-    *state.sum = *state.sum * rescale + sum;
-    *state.max = new_max;
 }
 
-/// One task: kv head `kh`, logical blocks `blocks` (one segment), every decode row. Returns the
+/// One task: kv head `kh`, logical tiles `tiles` (one segment), every decode row. Returns the
 /// segment's states, `[rows][group][d + 2]` (acc, then max and sum).
-#[allow(clippy::too_many_arguments)]
+///
+/// Each tile is two passes over the blocks it covers, each block loaded once for all the rows
+/// that read it: scores from the keys, then the running softmax is updated per row, then the
+/// values are accumulated. The softmax advances tile by tile, so a row's arithmetic does not
+/// depend on the block size.
 #[inline(always)]
 fn segment(
     q: View<4>,
     pool: &Pool,
     rows: &[DecodeRow],
     (kh, group, d): (usize, usize, usize),
-    blocks: std::ops::Range<usize>,
+    tiles: std::ops::Range<usize>,
     scale: f32,
 ) -> Vec<f32> {
     let bs = pool.block_size;
@@ -110,56 +107,88 @@ fn segment(
     for s in states.chunks_mut(width) {
         s[d] = f32::NEG_INFINITY;
     }
-    // Rows that read logical block b, grouped by the physical block they read there.
+    let mut scores = vec![0f32; rows.len() * group * TILE];
     let mut readers: Vec<(u32, usize)> = Vec::with_capacity(rows.len());
-    for b in blocks {
-        readers.clear();
-        readers.extend(
-            rows.iter()
-                .enumerate()
-                .filter(|(_, r)| b * bs <= r.last)
-                .map(|(i, r)| (r.blocks[b], i)),
-        );
-        readers.sort_unstable();
-        let mut i = 0;
-        while i < readers.len() {
-            let physical = readers[i].0 as usize;
-            // SAFETY: the block lies inside the pool (checked by `check_paged`), head_dim
-            // contiguous: bs keys of d values from its first slot.
-            let (keys, values) = unsafe {
-                let at = [kh, physical * bs, 0];
-                (
-                    std::slice::from_raw_parts(pool.k.at(at), bs * d),
-                    std::slice::from_raw_parts(pool.v.at(at), bs * d),
-                )
-            };
-            while i < readers.len() && readers[i].0 as usize == physical {
-                let r = readers[i].1;
-                let visible = (rows[r].last - b * bs + 1).min(bs);
-                for g in 0..group {
-                    // SAFETY: q is [1, hq, n, d] with d contiguous; row and head are in range.
-                    let qv = unsafe {
-                        std::slice::from_raw_parts(q.at([0, kh * group + g, rows[r].row, 0]), d)
-                    };
-                    let s = &mut states[(r * group + g) * width..(r * group + g + 1) * width];
-                    let (acc, rest) = s.split_at_mut(d);
-                    let (max, sum) = rest.split_at_mut(1);
-                    update(
-                        State {
-                            max: &mut max[0],
-                            sum: &mut sum[0],
-                            acc,
-                        },
-                        qv,
-                        &keys[..visible * d],
-                        &values[..visible * d],
-                        d,
-                        scale,
-                    );
+    // SAFETY (both closures): `physical` and the `len` keys after it lie in one block inside the
+    // pool (checked by `check_paged`), head_dim contiguous; q is [1, hq, n, d] with d contiguous.
+    let key_rows = |physical: usize, len: usize, view: &View<3>| unsafe {
+        std::slice::from_raw_parts(view.at([kh, physical, 0]), len * d)
+    };
+    let query = |row: usize, g: usize| unsafe {
+        std::slice::from_raw_parts(q.at([0, kh * group + g, row, 0]), d)
+    };
+    for tile in tiles {
+        let t0 = tile * TILE;
+        for_each_block(
+            rows,
+            bs,
+            tile,
+            &mut readers,
+            |key, len, physical, readers| {
+                let keys = key_rows(physical, len, &pool.k);
+                for &(_, r) in readers {
+                    let visible = (rows[r].last + 1 - key).min(len);
+                    for g in 0..group {
+                        let qv = query(rows[r].row, g);
+                        let out = &mut scores[(r * group + g) * TILE + key - t0..];
+                        for (j, s) in out[..visible].iter_mut().enumerate() {
+                            *s = dot(qv, &keys[j * d..(j + 1) * d]) * scale;
+                        }
+                    }
                 }
-                i += 1;
+            },
+        );
+        for (r, row) in rows.iter().enumerate() {
+            if row.last < t0 {
+                continue;
+            }
+            let visible = (row.last + 1 - t0).min(TILE);
+            for g in 0..group {
+                let tile_scores = &mut scores[(r * group + g) * TILE..][..visible];
+                let state = &mut states[(r * group + g) * width..][..width];
+                let block_max = tile_scores
+                    .iter()
+                    .copied()
+                    .fold(f32::NEG_INFINITY, f32::max);
+                let new_max = state[d].max(block_max);
+                let rescale = if state[d] == f32::NEG_INFINITY {
+                    0.0
+                } else {
+                    fast_exp(state[d] - new_max)
+                };
+                if rescale != 1.0 {
+                    state[..d].iter_mut().for_each(|a| *a *= rescale);
+                }
+                let mut sum = 0f32;
+                for s in tile_scores.iter_mut() {
+                    *s = fast_exp(*s - new_max);
+                    sum += *s;
+                }
+                state[d + 1] = state[d + 1] * rescale + sum;
+                state[d] = new_max;
             }
         }
+        for_each_block(
+            rows,
+            bs,
+            tile,
+            &mut readers,
+            |key, len, physical, readers| {
+                let values = key_rows(physical, len, &pool.v);
+                for &(_, r) in readers {
+                    let visible = (rows[r].last + 1 - key).min(len);
+                    for g in 0..group {
+                        let p = &scores[(r * group + g) * TILE + key - t0..][..visible];
+                        let acc = &mut states[(r * group + g) * width..][..d];
+                        for (j, &pj) in p.iter().enumerate() {
+                            for (a, &v) in acc.iter_mut().zip(&values[j * d..(j + 1) * d]) {
+                                *a += pj * v;
+                            }
+                        }
+                    }
+                }
+            },
+        );
     }
     states
 }
@@ -172,14 +201,14 @@ unsafe fn segment_avx2(
     pool: &Pool,
     rows: &[DecodeRow],
     shape: (usize, usize, usize),
-    blocks: std::ops::Range<usize>,
+    tiles: std::ops::Range<usize>,
     scale: f32,
 ) -> Vec<f32> {
-    segment(q, pool, rows, shape, blocks, scale)
+    segment(q, pool, rows, shape, tiles, scale)
 }
 
 /// Runs the decode rows, writing each row's heads into `out` (`[rows, q_heads, d]`, row-major).
-/// Needs `d` contiguous in `q` and the pool, and blocks of at most 512 slots; the caller checks.
+/// Needs `d` contiguous in `q` and the pool; the caller checks.
 pub(crate) fn decode_attention(
     q: View<4>,
     pool: &Pool,
@@ -193,9 +222,10 @@ pub(crate) fn decode_attention(
     }
     let bs = pool.block_size;
     let group = q_heads / kv_heads;
-    let max_blocks = rows.iter().map(|r| r.last / bs + 1).max().unwrap_or(0);
-    let per_segment = (SEGMENT_KEYS / bs).max(1);
-    let segments = max_blocks.div_ceil(per_segment);
+    debug_assert!(bs > 0);
+    let max_tiles = rows.iter().map(|r| r.last / TILE + 1).max().unwrap_or(0);
+    let per_segment = SEGMENT_KEYS / TILE;
+    let segments = max_tiles.div_ceil(per_segment);
     #[cfg(target_arch = "x86_64")]
     let avx2 =
         std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
@@ -205,14 +235,14 @@ pub(crate) fn decode_attention(
     let results: Vec<Vec<f32>> = tasks
         .par_iter()
         .map(|&(kh, s)| {
-            let blocks = s * per_segment..((s + 1) * per_segment).min(max_blocks);
+            let tiles = s * per_segment..((s + 1) * per_segment).min(max_tiles);
             let shape = (kh, group, d);
             #[cfg(target_arch = "x86_64")]
             if avx2 {
                 // SAFETY: the CPU has AVX2 and FMA (checked above).
-                return unsafe { segment_avx2(q, pool, rows, shape, blocks, scale) };
+                return unsafe { segment_avx2(q, pool, rows, shape, tiles, scale) };
             }
-            segment(q, pool, rows, shape, blocks, scale)
+            segment(q, pool, rows, shape, tiles, scale)
         })
         .collect();
     // Merge the segments of each (row, head) in order.

@@ -231,9 +231,8 @@ impl AttentionBackend for NdArray<f32> {
         else {
             return fallback();
         };
-        // The kernels read head_dim contiguously; blocks of up to 512 slots fit their buffers.
-        if qv.strides[3] != 1 || kv.strides[2] != 1 || vv.strides[2] != 1 || batch.block_size > 512
-        {
+        // The kernels read head_dim contiguously.
+        if qv.strides[3] != 1 || kv.strides[2] != 1 || vv.strides[2] != 1 {
             return fallback();
         }
         let mut out = vec![0f32; dims.rows * dims.q_heads * d];

@@ -1,20 +1,26 @@
 //! The Llama-layout transformer: load from any [`TensorSource`], run at explicit positions.
 
 mod backend_ops;
+mod batch;
+#[cfg(feature = "ndarray")]
+mod cpu_ops;
 #[cfg(feature = "ndarray")]
 mod few_rows;
 mod layers;
 
-pub use backend_ops::ModelBackend;
+pub use backend_ops::{pool_read, pool_write_reference, ModelBackend};
+pub use batch::{ForwardBatch, SeqRows};
 pub use layers::{activate, Linear, RmsNorm};
 
 use crate::config::{Family, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
+use crate::kv_pool::KvPool;
 use crate::rope::{Rope, RopeTables};
 use crate::weights::{HostTensor, TensorSource, WeightLoader};
+use batch::Layout;
 use burn::tensor::{Int, Tensor, TensorData};
-use kvb_attn::{AttentionBackend, Visibility};
+use kvb_attn::{AttentionBackend, PagedBatch};
 
 /// Which positions of a forward pass get logits. Projecting every prefill position through a
 /// 49k-vocabulary head would cost more than a layer, so only what is asked for is computed.
@@ -210,19 +216,10 @@ impl<B: ModelBackend> Model<B> {
         cache: &mut KvCache<B>,
         logits: LogitsFor,
     ) -> Result<Tensor<B, 2>> {
-        self.check_inputs(tokens, positions)?;
         let start = cache.len();
         cache.reserve(tokens.len());
         let slots: Vec<usize> = (start..start + tokens.len()).collect();
-        let out = self.run(
-            tokens,
-            positions,
-            &slots,
-            start + tokens.len(),
-            Visibility::Causal,
-            cache,
-            logits,
-        )?;
+        let out = self.forward_cache_slots(tokens, positions, &slots, cache, logits)?;
         cache.set_len(start + tokens.len())?;
         Ok(out)
     }
@@ -238,36 +235,105 @@ impl<B: ModelBackend> Model<B> {
         cache: &mut KvCache<B>,
         logits: LogitsFor,
     ) -> Result<Tensor<B, 2>> {
-        self.check_inputs(tokens, positions)?;
-        self.check_slots(tokens, slots, cache)?;
-        let t = cache.len();
-        self.run(
-            tokens,
-            positions,
-            slots,
-            t,
-            Visibility::UpToSlot(slots.to_vec()),
-            cache,
-            logits,
-        )
+        check_slots_below(tokens, slots, cache.len())?;
+        self.forward_cache_slots(tokens, positions, slots, cache, logits)
     }
 
-    fn check_slots(&self, tokens: &[u32], slots: &[usize], cache: &KvCache<B>) -> Result<()> {
-        if slots.len() != tokens.len() {
+    fn forward_cache_slots(
+        &self,
+        tokens: &[u32],
+        positions: &[usize],
+        slots: &[usize],
+        cache: &mut KvCache<B>,
+        logits: LogitsFor,
+    ) -> Result<Tensor<B, 2>> {
+        let (pool, blocks) = cache.parts();
+        let seqs = [SeqRows {
+            blocks,
+            slots,
+            decode: tokens.len() == 1,
+        }];
+        let batch = ForwardBatch {
+            tokens,
+            positions,
+            seqs: &seqs,
+        };
+        self.forward_batch(&batch, pool, logits)
+    }
+
+    /// Runs `tokens` (already in the cache at `slots`, below `cache.len()`) through layers
+    /// `0..layer`, rewriting their K/V there, and returns the fresh keys `[1, hkv, n, hd]` that
+    /// layer `layer` computes for them, without writing those.
+    ///
+    /// CacheBlend uses it: how far these keys are from the cached ones of layer `layer` measures
+    /// how much each reused token's K/V depends on the context it now has.
+    pub fn probe_keys(
+        &self,
+        tokens: &[u32],
+        positions: &[usize],
+        slots: &[usize],
+        cache: &mut KvCache<B>,
+        layer: usize,
+    ) -> Result<Tensor<B, 4>> {
+        check_slots_below(tokens, slots, cache.len())?;
+        let (pool, blocks) = cache.parts();
+        let seqs = [SeqRows {
+            blocks,
+            slots,
+            decode: false,
+        }];
+        let batch = ForwardBatch {
+            tokens,
+            positions,
+            seqs: &seqs,
+        };
+        self.probe_keys_batch(&batch, pool, layer)
+    }
+
+    /// One forward pass over the rows of several sequences in `pool` (a ragged batch): every row
+    /// writes its K/V at its slot in every layer, then attends to its sequence's slots up to its
+    /// own. Linear layers see all rows at once (the weights are read once per step, whatever the
+    /// number of sequences); attention reads each sequence through its block table.
+    ///
+    /// Returns logits `[rows, vocab]` for the rows `logits` asks for (indices into the batch).
+    pub fn forward_batch(
+        &self,
+        batch: &ForwardBatch,
+        pool: &mut KvPool<B>,
+        logits: LogitsFor,
+    ) -> Result<Tensor<B, 2>> {
+        self.check_inputs(batch.tokens, batch.positions)?;
+        let layout = batch.layout(pool)?;
+        let rope: RopeTables<B> = self.rope.tables(batch.positions, &self.device);
+        let mut x = self.embed(batch.tokens);
+        for layer in 0..self.blocks.len() {
+            x = self.block(layer, x, &rope, &layout, pool)?;
+        }
+        self.logits(x, logits)
+    }
+
+    /// Runs a batch through layers `0..layer` (writing their K/V) and returns the keys layer
+    /// `layer` computes for its rows, `[1, hkv, rows, hd]`, without writing those.
+    pub fn probe_keys_batch(
+        &self,
+        batch: &ForwardBatch,
+        pool: &mut KvPool<B>,
+        layer: usize,
+    ) -> Result<Tensor<B, 4>> {
+        self.check_inputs(batch.tokens, batch.positions)?;
+        if layer >= self.config.num_layers {
             return Err(ModelError::Forward(format!(
-                "{} slots for {} tokens",
-                slots.len(),
-                tokens.len()
+                "layer {layer} of {}",
+                self.config.num_layers
             )));
         }
-        if slots.windows(2).any(|w| w[0] >= w[1]) || slots.last().is_some_and(|&s| s >= cache.len())
-        {
-            return Err(ModelError::Forward(format!(
-                "recompute slots must increase and lie below the cache length {}",
-                cache.len()
-            )));
+        let layout = batch.layout(pool)?;
+        let rope: RopeTables<B> = self.rope.tables(batch.positions, &self.device);
+        let mut x = self.embed(batch.tokens);
+        for l in 0..layer {
+            x = self.block(l, x, &rope, &layout, pool)?;
         }
-        Ok(())
+        Ok(self.qkv(layer, x, &rope).1)
     }
 
     fn check_inputs(&self, tokens: &[u32], positions: &[usize]) -> Result<()> {
@@ -326,92 +392,44 @@ impl<B: ModelBackend> Model<B> {
         (q, k, v)
     }
 
-    /// One transformer block over `x` (`[n, hidden]`): writes the tokens' K/V at `slots`, attends
-    /// over slots `0..kv_len` with `visibility`, returns the new residual stream.
-    #[allow(clippy::too_many_arguments)]
+    /// One transformer block over `x` (`[n, hidden]`): writes the rows' K/V at their pool slots,
+    /// attends through the block tables, returns the new residual stream.
     fn block(
         &self,
         layer: usize,
         x: Tensor<B, 2>,
         rope: &RopeTables<B>,
-        slots: &[usize],
-        kv_len: usize,
-        visibility: &Visibility,
-        cache: &mut KvCache<B>,
+        layout: &Layout,
+        pool: &mut KvPool<B>,
     ) -> Result<Tensor<B, 2>> {
         let c = &self.config;
-        let (hq, hd) = (c.num_heads, c.head_dim);
+        let (hkv, hd) = (c.num_kv_heads, c.head_dim);
         let n = x.dims()[0];
         let block = &self.blocks[layer];
         let (q, k, v) = self.qkv(layer, x.clone(), rope);
-        if slots.windows(2).all(|w| w[1] == w[0] + 1) {
-            cache.write(layer, slots[0], k, v)?;
-        } else {
-            cache.write_slots(layer, slots, k, v)?;
-        }
-        let (keys, values) = cache.prefix(layer, kv_len);
+        pool.write(
+            layer,
+            &layout.write,
+            k.reshape([hkv, n, hd]),
+            v.reshape([hkv, n, hd]),
+        )?;
+        let (keys, values) = pool.layer(layer)?;
+        let paged = PagedBatch {
+            block_size: pool.block_size(),
+            seqs: &layout.paged,
+        };
         let scale = (hd as f32).powf(-0.5);
-        let att = <B as AttentionBackend>::attention(q, keys, values, visibility, None, scale)?; // [1, hq, n, hd]
-        let att = att
-            .reshape([hq, n, hd])
-            .swap_dims(0, 1)
-            .reshape([n, hq * hd]);
+        let att = <B as AttentionBackend>::paged_attention(q, keys, values, &paged, scale)?; // [n, hq hd]
         let x = x + block.o.forward(att);
 
         let gu = block.gate_up.forward(block.mlp_norm.forward(x.clone())); // [n, 2 inter]
         Ok(x + block.down.forward(B::gated_activation(gu, c.activation)))
     }
 
-    /// Runs `tokens` (already in the cache at `slots`, below `cache.len()`) through layers
-    /// `0..layer`, rewriting their K/V there, and returns the fresh keys `[1, hkv, n, hd]` that
-    /// layer `layer` computes for them, without writing those.
-    ///
-    /// CacheBlend uses it: how far these keys are from the cached ones of layer `layer` measures
-    /// how much each reused token's K/V depends on the context it now has.
-    pub fn probe_keys(
-        &self,
-        tokens: &[u32],
-        positions: &[usize],
-        slots: &[usize],
-        cache: &mut KvCache<B>,
-        layer: usize,
-    ) -> Result<Tensor<B, 4>> {
-        self.check_inputs(tokens, positions)?;
-        self.check_slots(tokens, slots, cache)?;
-        if layer >= self.config.num_layers {
-            return Err(ModelError::Forward(format!(
-                "layer {layer} of {}",
-                self.config.num_layers
-            )));
-        }
-        let rope: RopeTables<B> = self.rope.tables(positions, &self.device);
-        let visibility = Visibility::UpToSlot(slots.to_vec());
-        let mut x = self.embed(tokens);
-        for l in 0..layer {
-            x = self.block(l, x, &rope, slots, cache.len(), &visibility, cache)?;
-        }
-        Ok(self.qkv(layer, x, &rope).1)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn run(
-        &self,
-        tokens: &[u32],
-        positions: &[usize],
-        slots: &[usize],
-        kv_len: usize,
-        visibility: Visibility,
-        cache: &mut KvCache<B>,
-        logits: LogitsFor,
-    ) -> Result<Tensor<B, 2>> {
+    /// Logits `[rows, vocab]` of the final residual stream `x` for the rows asked for.
+    fn logits(&self, x: Tensor<B, 2>, logits: LogitsFor) -> Result<Tensor<B, 2>> {
         let c = &self.config;
-        let n = tokens.len();
-        let rope: RopeTables<B> = self.rope.tables(positions, &self.device);
-        let mut x = self.embed(tokens);
-        for layer in 0..self.blocks.len() {
-            x = self.block(layer, x, &rope, slots, kv_len, &visibility, cache)?;
-        }
-
+        let n = x.dims()[0];
         let rows = match logits {
             LogitsFor::Last => Some(vec![n - 1]),
             LogitsFor::All => None,
@@ -442,4 +460,21 @@ impl<B: ModelBackend> Model<B> {
         };
         Ok(self.lm_head.forward(self.norm.forward(x)))
     }
+}
+
+/// Recompute slots: one per token, increasing, below the cache's length.
+fn check_slots_below(tokens: &[u32], slots: &[usize], len: usize) -> Result<()> {
+    if slots.len() != tokens.len() {
+        return Err(ModelError::Forward(format!(
+            "{} slots for {} tokens",
+            slots.len(),
+            tokens.len()
+        )));
+    }
+    if slots.windows(2).any(|w| w[0] >= w[1]) || slots.last().is_some_and(|&s| s >= len) {
+        return Err(ModelError::Forward(format!(
+            "recompute slots must increase and lie below the cache length {len}"
+        )));
+    }
+    Ok(())
 }

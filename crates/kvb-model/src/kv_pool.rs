@@ -1,0 +1,263 @@
+//! [`KvPool`]: the K/V of many sequences in fixed-size blocks of token slots.
+//!
+//! Per layer the pool holds K and V as `[kv_heads, blocks * block_size, head_dim]`; block `b` is
+//! slots `b * block_size..(b + 1) * block_size`. Keys are stored after RoPE. Which blocks a
+//! sequence owns, in what order (its *block table*), and who else reads them is the caller's
+//! business: kvb-engine's block manager for many sequences, [`crate::KvCache`] for one. The pool
+//! only stores values and moves them: writes land in place (the pool owns its tensors alone), a
+//! read gathers the slots asked for.
+
+use crate::error::{ModelError, Result};
+use crate::model::{pool_read, ModelBackend};
+use burn::tensor::Tensor;
+
+/// K and V of one layer: `[kv_heads, slots, head_dim]` each.
+type LayerKv<B> = (Tensor<B, 3>, Tensor<B, 3>);
+
+/// Blocks of K/V for every layer.
+#[derive(Debug)]
+pub struct KvPool<B: ModelBackend> {
+    /// `Some` outside of `&mut self` methods; taken only to update a layer in place.
+    layers: Vec<Option<LayerKv<B>>>,
+    block_size: usize,
+    blocks: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    device: B::Device,
+}
+
+impl<B: ModelBackend> KvPool<B> {
+    /// A pool of `blocks` blocks of `block_size` slots for `num_layers` layers of `kv_heads` heads
+    /// of `head_dim` (zeroed; on the CPU its pages are mapped as blocks are first written).
+    pub fn new(
+        num_layers: usize,
+        (kv_heads, head_dim): (usize, usize),
+        block_size: usize,
+        blocks: usize,
+        device: &B::Device,
+    ) -> Result<Self> {
+        if block_size == 0 {
+            return Err(ModelError::Forward(
+                "a K/V block needs at least one slot".into(),
+            ));
+        }
+        let shape = [kv_heads, blocks * block_size, head_dim];
+        Ok(KvPool {
+            layers: (0..num_layers)
+                .map(|_| Some((B::pool_zeros(shape, device), B::pool_zeros(shape, device))))
+                .collect(),
+            block_size,
+            blocks,
+            kv_heads,
+            head_dim,
+            device: device.clone(),
+        })
+    }
+
+    /// Slots per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Blocks the pool holds now.
+    pub fn blocks(&self) -> usize {
+        self.blocks
+    }
+
+    /// Number of layers.
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// `(kv_heads, head_dim)` of every layer.
+    pub fn head_shape(&self) -> (usize, usize) {
+        (self.kv_heads, self.head_dim)
+    }
+
+    /// The device the pool lives on.
+    pub fn device(&self) -> &B::Device {
+        &self.device
+    }
+
+    /// Bytes of K/V one block holds over every layer (f32).
+    pub fn block_bytes(&self) -> usize {
+        Self::bytes_per_block(self.layers.len(), self.head_shape(), self.block_size)
+    }
+
+    /// Bytes of K/V one block of `block_size` slots holds, for a model's shape.
+    pub fn bytes_per_block(
+        num_layers: usize,
+        (kv_heads, head_dim): (usize, usize),
+        block_size: usize,
+    ) -> usize {
+        2 * num_layers * kv_heads * block_size * head_dim * std::mem::size_of::<f32>()
+    }
+
+    /// K and V of `layer`: `[kv_heads, slots, head_dim]`.
+    pub fn layer(&self, layer: usize) -> Result<(&Tensor<B, 3>, &Tensor<B, 3>)> {
+        match self.layers.get(layer) {
+            Some(Some((k, v))) => Ok((k, v)),
+            _ => Err(ModelError::Forward(format!(
+                "layer {layer} of a pool of {} layers",
+                self.layers.len()
+            ))),
+        }
+    }
+
+    /// Grows the pool to `blocks` blocks, keeping what it holds (a copy of every layer: grow in
+    /// large steps).
+    pub fn grow(&mut self, blocks: usize) {
+        if blocks <= self.blocks {
+            return;
+        }
+        let (h, d) = (self.kv_heads, self.head_dim);
+        let (old, new) = (self.blocks * self.block_size, blocks * self.block_size);
+        for slot in self.layers.iter_mut() {
+            let (k, v) = slot
+                .take()
+                .expect("a layer is only taken inside a method that puts it back");
+            let grow = |t: Tensor<B, 3>| {
+                let fresh = B::pool_zeros([h, new, d], &self.device);
+                if old == 0 {
+                    fresh
+                } else {
+                    fresh.slice_assign([0..h, 0..old, 0..d], t)
+                }
+            };
+            *slot = Some((grow(k), grow(v)));
+        }
+        self.blocks = blocks;
+    }
+
+    fn check_slots(&self, layer: usize, slots: &[usize], values: Option<[usize; 3]>) -> Result<()> {
+        if layer >= self.layers.len() {
+            return Err(ModelError::Forward(format!(
+                "layer {layer} of a pool of {} layers",
+                self.layers.len()
+            )));
+        }
+        let capacity = self.blocks * self.block_size;
+        if let Some(&bad) = slots.iter().find(|&&s| s >= capacity) {
+            return Err(ModelError::Forward(format!(
+                "pool slot {bad} is beyond the pool's {capacity} slots"
+            )));
+        }
+        if let Some(shape) = values {
+            let want = [self.kv_heads, slots.len(), self.head_dim];
+            if shape != want {
+                return Err(ModelError::Forward(format!(
+                    "K/V of shape {shape:?} for {} slots of a pool of {} heads x {}",
+                    slots.len(),
+                    self.kv_heads,
+                    self.head_dim
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `k`, `v` (`[kv_heads, n, head_dim]`) of `layer` at pool slots `slots` (`n`,
+    /// distinct).
+    pub fn write(
+        &mut self,
+        layer: usize,
+        slots: &[usize],
+        k: Tensor<B, 3>,
+        v: Tensor<B, 3>,
+    ) -> Result<()> {
+        self.check_slots(layer, slots, Some(k.dims()))?;
+        self.check_slots(layer, slots, Some(v.dims()))?;
+        let (pk, pv) = self.layers[layer].take().expect("layer present");
+        self.layers[layer] = Some((B::pool_write(pk, slots, k), B::pool_write(pv, slots, v)));
+        Ok(())
+    }
+
+    /// As [`KvPool::write`], from host values laid out `[kv_heads, n, head_dim]`.
+    pub fn write_host(
+        &mut self,
+        layer: usize,
+        slots: &[usize],
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<()> {
+        let shape = [self.kv_heads, slots.len(), self.head_dim];
+        let n = shape.iter().product::<usize>();
+        if k.len() != n || v.len() != n {
+            return Err(ModelError::Forward(format!(
+                "{} and {} host values for {} slots of {} heads x {}",
+                k.len(),
+                v.len(),
+                slots.len(),
+                self.kv_heads,
+                self.head_dim
+            )));
+        }
+        self.check_slots(layer, slots, None)?;
+        let (pk, pv) = self.layers[layer].take().expect("layer present");
+        self.layers[layer] = Some((
+            B::pool_write_host(pk, slots, k),
+            B::pool_write_host(pv, slots, v),
+        ));
+        Ok(())
+    }
+
+    /// K and V of `layer` at pool slots `slots`: `[kv_heads, n, head_dim]` each.
+    pub fn read(&self, layer: usize, slots: &[usize]) -> Result<(Tensor<B, 3>, Tensor<B, 3>)> {
+        self.check_slots(layer, slots, None)?;
+        let (k, v) = self.layer(layer)?;
+        Ok((pool_read(k, slots), pool_read(v, slots)))
+    }
+
+    /// As [`KvPool::read`], on the host: `[kv_heads, n, head_dim]` each.
+    pub fn read_host(&self, layer: usize, slots: &[usize]) -> Result<(Vec<f32>, Vec<f32>)> {
+        self.check_slots(layer, slots, None)?;
+        let (k, v) = self.layer(layer)?;
+        Ok((B::pool_read_host(k, slots), B::pool_read_host(v, slots)))
+    }
+
+    /// Copies the K/V of pool slots `from` to pool slots `to`, in every layer (copy-on-write of a
+    /// block another sequence also reads).
+    pub fn copy_slots(&mut self, from: &[usize], to: &[usize]) -> Result<()> {
+        if from.len() != to.len() {
+            return Err(ModelError::Forward(format!(
+                "copying {} slots onto {}",
+                from.len(),
+                to.len()
+            )));
+        }
+        for layer in 0..self.layers.len() {
+            let (k, v) = self.read(layer, from)?;
+            self.write(layer, to, k, v)?;
+        }
+        Ok(())
+    }
+
+    /// The pool slot of logical slot `s` of a sequence with block table `blocks`.
+    pub fn pool_slot(&self, blocks: &[u32], s: usize) -> Result<usize> {
+        let b = blocks.get(s / self.block_size).ok_or_else(|| {
+            ModelError::Forward(format!(
+                "slot {s} is beyond the {} blocks of the sequence",
+                blocks.len()
+            ))
+        })?;
+        if *b as usize >= self.blocks {
+            return Err(ModelError::Forward(format!(
+                "block {b} is beyond the pool's {} blocks",
+                self.blocks
+            )));
+        }
+        Ok(*b as usize * self.block_size + s % self.block_size)
+    }
+
+    /// The pool slots of logical slots `slots` of a sequence with block table `blocks`.
+    pub fn pool_slots(
+        &self,
+        blocks: &[u32],
+        slots: impl IntoIterator<Item = usize>,
+    ) -> Result<Vec<usize>> {
+        slots
+            .into_iter()
+            .map(|s| self.pool_slot(blocks, s))
+            .collect()
+    }
+}

@@ -1,0 +1,292 @@
+//! burn-ndarray's overrides of [`ModelBackend`]: fused row passes, the few-row product, and K/V
+//! pool writes in place.
+
+use super::backend_ops::{self, runs, ModelBackend};
+use crate::config::Activation;
+use crate::rope::RopeTables;
+use burn::tensor::{Tensor, TensorData, TensorPrimitive};
+use burn_ndarray::{NdArray, NdArrayTensor};
+use kvb_attn::fastmath::fast_exp;
+use rayon::prelude::*;
+
+/// Up to this many rows, a product runs through [`super::few_rows`], which streams the
+/// weight once instead of packing it (burn-ndarray sends every product through
+/// matrixmultiply, which packs the whole `[k, n]` weight on each call: the LM head took 107
+/// ms per decode step). Above it, packing pays for itself.
+const FEW_ROWS_MAX: usize = 32;
+
+fn f32_slice(t: &NdArrayTensor) -> Option<(Vec<usize>, &[f32])> {
+    match t {
+        NdArrayTensor::F32(storage) => {
+            let shape = storage.shape().to_vec();
+            // `view()` borrows the storage; a standard-layout view is one contiguous slice.
+            let slice = storage.view().to_slice()?;
+            Some((shape, slice))
+        }
+        _ => None,
+    }
+}
+
+/// Rows per parallel task for row-wise ops (RMSNorm, SwiGLU): enough work to amortise rayon.
+const ROWS_PER_TASK: usize = 16;
+
+/// The primitive of a 4-d tensor.
+fn rows_of4(t: &Tensor<NdArray<f32>, 4>) -> Option<NdArrayTensor> {
+    match t.clone().into_primitive() {
+        TensorPrimitive::Float(p) => Some(p),
+        _ => None,
+    }
+}
+
+/// The contiguous f32 values of a 2-d tensor, or `None` (then the generic path runs).
+fn rows_of(t: &Tensor<NdArray<f32>, 2>) -> Option<NdArrayTensor> {
+    match t.clone().into_primitive() {
+        TensorPrimitive::Float(p) => Some(p),
+        _ => None,
+    }
+}
+
+impl ModelBackend for NdArray<f32> {
+    /// One pass per row instead of six tensor ops (square, mean, add, sqrt, recip, two muls),
+    /// each allocating an `[n, h]` tensor. Sums in f32, as transformers does.
+    fn rms_norm(x: Tensor<Self, 2>, weight: Tensor<Self, 2>, eps: f64) -> Tensor<Self, 2> {
+        let [n, h] = x.dims();
+        let (Some(xp), Some(wp)) = (rows_of(&x), rows_of(&weight)) else {
+            return backend_ops::rms_norm_reference(x, weight, eps);
+        };
+        let (Some((xs, xv)), Some((ws, wv))) = (f32_slice(&xp), f32_slice(&wp)) else {
+            return backend_ops::rms_norm_reference(x, weight, eps);
+        };
+        if xs != [n, h] || ws != [1, h] {
+            return backend_ops::rms_norm_reference(x, weight, eps);
+        }
+        let mut out = vec![0f32; n * h];
+        out.par_chunks_mut(h * ROWS_PER_TASK)
+            .zip(xv.par_chunks(h * ROWS_PER_TASK))
+            .for_each(|(o, xr)| {
+                for (orow, xrow) in o.chunks_mut(h).zip(xr.chunks(h)) {
+                    let ms = xrow.iter().map(|v| v * v).sum::<f32>() / h as f32;
+                    let inv = 1.0 / (ms + eps as f32).sqrt();
+                    for ((o, &v), &w) in orow.iter_mut().zip(xrow).zip(wv) {
+                        *o = v * inv * w;
+                    }
+                }
+            });
+        Tensor::from_data(TensorData::new(out, [n, h]), &x.device())
+    }
+
+    /// Head split, layout change and RoPE in one pass over `qkv`, instead of a slice, a
+    /// reshape, a transpose copy, two half slices, a concatenation and three elementwise ops
+    /// per q and k.
+    fn split_heads(
+        qkv: Tensor<Self, 2>,
+        (hq, hkv, d): (usize, usize, usize),
+        rope: &RopeTables<Self>,
+    ) -> [Tensor<Self, 4>; 3] {
+        let n = qkv.dims()[0];
+        let width = (hq + 2 * hkv) * d;
+        let fallback = |qkv| backend_ops::split_heads_reference(qkv, (hq, hkv, d), rope);
+        let (Some(p), Some(cp), Some(sp)) = (
+            rows_of(&qkv),
+            rows_of4(rope.cos()),
+            rows_of4(rope.signed_sin()),
+        ) else {
+            return fallback(qkv);
+        };
+        let (Some((shape, x)), Some((_, cos)), Some((_, sin))) =
+            (f32_slice(&p), f32_slice(&cp), f32_slice(&sp))
+        else {
+            return fallback(qkv);
+        };
+        if shape != [n, width] || cos.len() != n * d || sin.len() != n * d || d % 2 != 0 {
+            return fallback(qkv);
+        }
+        let half = d / 2;
+        let total = hq + 2 * hkv;
+        // Output head-major: head h holds [n, d]; heads 0..hq are q, then k, then v.
+        let mut out = vec![0f32; total * n * d];
+        out.par_chunks_mut(n * d).enumerate().for_each(|(h, head)| {
+            let rotate = h < hq + hkv;
+            for t in 0..n {
+                let src = &x[t * width + h * d..t * width + (h + 1) * d];
+                let dst = &mut head[t * d..(t + 1) * d];
+                if rotate {
+                    let (c, s) = (&cos[t * d..(t + 1) * d], &sin[t * d..(t + 1) * d]);
+                    for i in 0..d {
+                        let partner = if i < half {
+                            src[i + half]
+                        } else {
+                            src[i - half]
+                        };
+                        dst[i] = src[i] * c[i] + partner * s[i];
+                    }
+                } else {
+                    dst.copy_from_slice(src);
+                }
+            }
+        });
+        let device = qkv.device();
+        let part = |from: usize, count: usize| {
+            let v = out[from * n * d..(from + count) * n * d].to_vec();
+            Tensor::<Self, 4>::from_data(TensorData::new(v, [1, count, n, d]), &device)
+        };
+        [part(0, hq), part(hq, hkv), part(hq + hkv, hkv)]
+    }
+
+    /// SwiGLU in one pass: burn's sigmoid takes eight elementwise passes with two
+    /// transcendentals (`exp(-log(exp(-x) + 1))`); this is `g / (1 + e^-g) * u` per element.
+    fn gated_activation(gu: Tensor<Self, 2>, act: Activation) -> Tensor<Self, 2> {
+        let [n, two_i] = gu.dims();
+        let i = two_i / 2;
+        let generic = |gu| backend_ops::gated_activation_reference(gu, act);
+        if act != Activation::Silu {
+            return generic(gu);
+        }
+        let Some(p) = rows_of(&gu) else {
+            return generic(gu);
+        };
+        let Some((shape, v)) = f32_slice(&p) else {
+            return generic(gu);
+        };
+        if shape != [n, two_i] {
+            return generic(gu);
+        }
+        let mut out = vec![0f32; n * i];
+        out.par_chunks_mut(i * ROWS_PER_TASK)
+            .zip(v.par_chunks(two_i * ROWS_PER_TASK))
+            .for_each(|(o, rows)| {
+                for (orow, row) in o.chunks_mut(i).zip(rows.chunks(two_i)) {
+                    let (gate, up) = row.split_at(i);
+                    for ((o, &g), &u) in orow.iter_mut().zip(gate).zip(up) {
+                        *o = g / (1.0 + fast_exp(-g)) * u;
+                    }
+                }
+            });
+        Tensor::from_data(TensorData::new(out, [n, i]), &gu.device())
+    }
+
+    fn linear_matmul(x: Tensor<Self, 2>, w: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        let [m, k] = x.dims();
+        let [_, n] = w.dims();
+        if m > FEW_ROWS_MAX {
+            return x.matmul(w);
+        }
+        let device = x.device();
+        let (xp, wp) = match (x.clone().into_primitive(), w.clone().into_primitive()) {
+            (TensorPrimitive::Float(a), TensorPrimitive::Float(b)) => (a, b),
+            _ => return x.matmul(w),
+        };
+        match (f32_slice(&xp), f32_slice(&wp)) {
+            (Some((xs, xv)), Some((ws, wv))) if xs == [m, k] && ws == [k, n] => {
+                let y = super::few_rows::matmul(xv, wv, m, k, n);
+                Tensor::from_data(TensorData::new(y, [m, n]), &device)
+            }
+            // Not contiguous f32: the generic path is always correct.
+            _ => x.matmul(w),
+        }
+    }
+
+    /// From a zeroed allocation: the pages are mapped lazily, so a large pool costs memory only
+    /// as its blocks are first written (burn's `zeros` writes every element).
+    fn pool_zeros(shape: [usize; 3], device: &burn::tensor::Device<Self>) -> Tensor<Self, 3> {
+        let n = shape.iter().product();
+        Tensor::from_data(TensorData::new(vec![0f32; n], shape), device)
+    }
+
+    fn pool_write(
+        pool: Tensor<Self, 3>,
+        slots: &[usize],
+        values: Tensor<Self, 3>,
+    ) -> Tensor<Self, 3> {
+        let [h, n, d] = values.dims();
+        let Some(vp) = rows_of3(&values) else {
+            return backend_ops::pool_write_reference(pool, slots, values);
+        };
+        match f32_slice(&vp) {
+            Some((shape, v)) if shape == [h, n, d] => write_in_place(pool, slots, v),
+            _ => backend_ops::pool_write_reference(pool, slots, values),
+        }
+    }
+
+    fn pool_write_host(pool: Tensor<Self, 3>, slots: &[usize], values: &[f32]) -> Tensor<Self, 3> {
+        write_in_place(pool, slots, values)
+    }
+
+    fn pool_read_host(pool: &Tensor<Self, 3>, slots: &[usize]) -> Vec<f32> {
+        let [h, total, d] = pool.dims();
+        let n = slots.len();
+        let Some(p) = rows_of3(pool) else {
+            return backend_ops::pool_read(pool, slots)
+                .into_data()
+                .to_vec::<f32>()
+                .unwrap_or_default();
+        };
+        let Some((_, src)) = f32_slice(&p) else {
+            return backend_ops::pool_read(pool, slots)
+                .into_data()
+                .to_vec::<f32>()
+                .unwrap_or_default();
+        };
+        let mut out = vec![0f32; h * n * d];
+        for head in 0..h {
+            for (at, first, len) in runs(slots) {
+                let from = (head * total + first) * d;
+                let to = (head * n + at) * d;
+                out[to..to + len * d].copy_from_slice(&src[from..from + len * d]);
+            }
+        }
+        out
+    }
+}
+
+/// The primitive of a 3-d tensor.
+fn rows_of3(t: &Tensor<NdArray<f32>, 3>) -> Option<NdArrayTensor> {
+    match t.clone().into_primitive() {
+        TensorPrimitive::Float(p) => Some(p),
+        _ => None,
+    }
+}
+
+/// Writes host `values` (`[h, n, d]`) at pool slots, mutating the pool's memory in place: a
+/// slice-assign per run would first build a tensor of the values and then copy it, two passes
+/// over K/V that a store hit reads by the tens of megabytes. The pool is uniquely owned by its
+/// [`crate::KvPool`]; were it shared, `into_owned` would copy it first (correct, only slow).
+fn write_in_place(
+    pool: Tensor<NdArray<f32>, 3>,
+    slots: &[usize],
+    values: &[f32],
+) -> Tensor<NdArray<f32>, 3> {
+    let [h, total, d] = pool.dims();
+    let n = slots.len();
+    let TensorPrimitive::Float(NdArrayTensor::F32(storage)) = pool.clone().into_primitive() else {
+        return pool_write_generic(pool, slots, values);
+    };
+    drop(pool);
+    let mut array = storage.into_owned();
+    let Some(dst) = array.as_slice_mut() else {
+        let pool = Tensor::from_primitive(TensorPrimitive::Float(NdArrayTensor::from(array)));
+        return pool_write_generic(pool, slots, values);
+    };
+    for head in 0..h {
+        for (at, first, len) in runs(slots) {
+            let to = (head * total + first) * d;
+            let from = (head * n + at) * d;
+            dst[to..to + len * d].copy_from_slice(&values[from..from + len * d]);
+        }
+    }
+    Tensor::from_primitive(TensorPrimitive::Float(NdArrayTensor::from(array)))
+}
+
+fn pool_write_generic(
+    pool: Tensor<NdArray<f32>, 3>,
+    slots: &[usize],
+    values: &[f32],
+) -> Tensor<NdArray<f32>, 3> {
+    let [h, _, d] = pool.dims();
+    let device = pool.device();
+    let values = Tensor::from_data(
+        TensorData::new(values.to_vec(), [h, slots.len(), d]),
+        &device,
+    );
+    backend_ops::pool_write_reference(pool, slots, values)
+}
