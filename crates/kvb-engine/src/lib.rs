@@ -26,6 +26,7 @@
 //! lookup, dequantization, re-rotation, repair, prefill).
 #![warn(missing_docs)]
 
+pub mod blocks;
 mod config;
 mod engine;
 mod fidelity;

@@ -1,0 +1,205 @@
+//! The bookkeeping of the paged K/V pool, without tensors: which blocks are free, who reads each
+//! one, and which token prefixes stay resident.
+//!
+//! - [`BlockAllocator`]: blocks with reference counts under a block budget.
+//! - [`BlockTree`]: a radix tree over token blocks (SGLang's RadixAttention, block granular):
+//!   every finished or running sequence's blocks stay indexed by their tokens until the pool needs
+//!   the room; then the least recently used leaves go first.
+//! - [`BlockManager`]: both, kept consistent: a block's count is the number of sequence tables
+//!   that hold it plus one if the tree does.
+//!
+//! Promises (model-based property test, `tests/block_manager.rs`): counts never leak (after every
+//! sequence ends and the tree is cleared, every block is free); a block a sequence writes is held
+//! by nobody else; the tree returns the longest resident prefix; the budget is never exceeded;
+//! eviction never takes a block a sequence holds.
+
+mod allocator;
+mod radix;
+
+pub use allocator::{BlockAllocator, BlockId};
+pub use radix::{BlockTree, Insertion, NodeId, Removed, TreeMatch, ROOT};
+
+/// Counters of a [`BlockManager`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BlockCounters {
+    /// Blocks evicted from the tree for room.
+    pub evicted: u64,
+}
+
+/// The allocator and the tree, with one reference per tree node.
+#[derive(Debug, Clone)]
+pub struct BlockManager {
+    alloc: BlockAllocator,
+    tree: BlockTree,
+    block_size: usize,
+    counters: BlockCounters,
+}
+
+impl BlockManager {
+    /// A manager of at most `max_blocks` blocks of `block_size` slots.
+    pub fn new(block_size: usize, max_blocks: usize) -> Self {
+        BlockManager {
+            alloc: BlockAllocator::new(max_blocks),
+            tree: BlockTree::new(block_size),
+            block_size,
+            counters: BlockCounters::default(),
+        }
+    }
+
+    /// Slots per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// The allocator (read-only).
+    pub fn allocator(&self) -> &BlockAllocator {
+        &self.alloc
+    }
+
+    /// The tree (read-only).
+    pub fn tree(&self) -> &BlockTree {
+        &self.tree
+    }
+
+    /// Counters.
+    pub fn counters(&self) -> BlockCounters {
+        self.counters
+    }
+
+    /// Blocks that can be had now: free ones, room to grow, and tree blocks nobody else reads.
+    pub fn available(&self) -> usize {
+        self.alloc.free() + self.alloc.tree_only()
+    }
+
+    /// `n` fresh blocks, one reference each, evicting least recently used tree leaves when the
+    /// free ones do not suffice; `on_evict` sees each evicted node while its K/V is still intact.
+    /// `None` (and nothing allocated or evicted) when even eviction cannot make the room.
+    pub fn allocate(
+        &mut self,
+        n: usize,
+        on_evict: &mut dyn FnMut(&Removed),
+    ) -> Option<Vec<BlockId>> {
+        if n > self.available() {
+            return None;
+        }
+        let short = n.saturating_sub(self.alloc.free());
+        if short > 0 {
+            self.evict(short, on_evict);
+        }
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            match self.alloc.allocate() {
+                Some(b) => out.push(b),
+                None => {
+                    // Unreachable while `available` counts right; give back what was taken.
+                    self.release(&out);
+                    return None;
+                }
+            }
+        }
+        Some(out)
+    }
+
+    /// One more reference to each block (a sequence's table takes resident blocks).
+    pub fn retain(&mut self, blocks: &[BlockId]) {
+        for &b in blocks {
+            self.alloc.retain(b);
+        }
+    }
+
+    /// One reference fewer to each block, last first (so a table's blocks come back in order and
+    /// the next sequence gets them consecutively).
+    pub fn release(&mut self, blocks: &[BlockId]) {
+        for &b in blocks.iter().rev() {
+            self.alloc.release(b);
+        }
+    }
+
+    /// References to a block.
+    pub fn refcount(&self, block: BlockId) -> u32 {
+        self.alloc.refcount(block)
+    }
+
+    /// The longest resident prefix of `tokens` (nothing is retained: see [`BlockManager::retain`]).
+    pub fn lookup(&mut self, tokens: &[u32], allow_approximate: bool) -> TreeMatch {
+        self.tree.lookup(tokens, allow_approximate)
+    }
+
+    /// Indexes a sequence's block `*block` (holding `tokens`, its K/V final) under `parent`, and
+    /// returns the node it is now indexed as, for the next block's `parent` (`None`: the tokens
+    /// are covered already, or `parent` is gone).
+    ///
+    /// If the tree already holds the same tokens there (two requests computed the same prefix at
+    /// once), the sequence's table switches to the tree's block and its own is released: the
+    /// prefix is then held once, and the node a sequence builds on is always one it holds, so it
+    /// cannot be evicted under it. Only full, final blocks may be swapped: nothing writes them.
+    pub fn index(
+        &mut self,
+        parent: NodeId,
+        tokens: &[u32],
+        block: &mut BlockId,
+        approximate: bool,
+    ) -> Option<NodeId> {
+        match self.insert(parent, tokens, *block, approximate) {
+            Insertion::Added(n) => Some(n),
+            Insertion::Exists(n) => {
+                let theirs = self.tree.block(n);
+                if theirs != *block {
+                    self.alloc.retain(theirs);
+                    self.alloc.release(*block);
+                    *block = theirs;
+                }
+                Some(n)
+            }
+            Insertion::Covered(_) | Insertion::Orphan => None,
+        }
+    }
+
+    /// Indexes `block` (holding `tokens`, its K/V final) under `parent`; on
+    /// [`Insertion::Added`] the tree takes a reference. Partial nodes it replaces are released.
+    pub fn insert(
+        &mut self,
+        parent: NodeId,
+        tokens: &[u32],
+        block: BlockId,
+        approximate: bool,
+    ) -> Insertion {
+        let mut removed = Vec::new();
+        let r = self
+            .tree
+            .insert(parent, tokens, block, approximate, &mut removed);
+        for old in removed {
+            self.drop_tree_reference(old.block);
+        }
+        if let Insertion::Added(_) = r {
+            self.alloc.retain(block);
+            self.alloc.set_in_tree(block, true);
+        }
+        r
+    }
+
+    fn drop_tree_reference(&mut self, block: BlockId) {
+        self.alloc.set_in_tree(block, false);
+        self.alloc.release(block);
+    }
+
+    /// Evicts up to `n` least recently used leaves that no sequence reads; returns how many.
+    pub fn evict(&mut self, n: usize, on_evict: &mut dyn FnMut(&Removed)) -> usize {
+        let alloc = &self.alloc;
+        let removed = self.tree.evict(n, |b| alloc.refcount(b) == 1);
+        for r in &removed {
+            on_evict(r);
+            self.drop_tree_reference(r.block);
+        }
+        self.counters.evicted += removed.len() as u64;
+        removed.len()
+    }
+
+    /// Empties the tree (each node seen by `on_remove` first); blocks sequences hold stay theirs.
+    pub fn clear(&mut self, on_remove: &mut dyn FnMut(&Removed)) {
+        for r in self.tree.clear() {
+            on_remove(&r);
+            self.drop_tree_reference(r.block);
+        }
+    }
+}
