@@ -1,20 +1,97 @@
-//! Engine and request settings.
+//! Engine and request settings. Every default is defined here, once ([`EngineConfig::default`],
+//! [`GenerateOptions::default`]); the command line reads its defaults from them.
 
 use kvb_model::generate::SamplingParams;
+use kvb_quant::{Bits, QuantConfig};
 use kvb_repair::RecomputeStrategy;
-use kvb_store::EvictionPolicy;
+use kvb_store::{EvictionPolicy, KvFormat};
 use std::path::PathBuf;
+
+/// The precision of the K/V the chunk store keeps (the pool always holds what the model computed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvPrecision {
+    /// As computed (f32): exact reuse.
+    #[default]
+    F32,
+    /// Halved to f16.
+    F16,
+    /// Halved to bf16.
+    Bf16,
+    /// KIVI, 8 bits (keys per channel, values per token, groups of 32).
+    Int8,
+    /// KIVI, 4 bits.
+    Int4,
+    /// KIVI, 2 bits.
+    Int2,
+}
+
+impl KvPrecision {
+    /// The name `FromStr` reads back.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KvPrecision::F32 => "f32",
+            KvPrecision::F16 => "f16",
+            KvPrecision::Bf16 => "bf16",
+            KvPrecision::Int8 => "int8",
+            KvPrecision::Int4 => "int4",
+            KvPrecision::Int2 => "int2",
+        }
+    }
+
+    /// The store's format for it.
+    pub fn format(self) -> KvFormat {
+        let kivi = |bits| {
+            KvFormat::Kivi(QuantConfig {
+                bits,
+                group_size: 32,
+            })
+        };
+        match self {
+            KvPrecision::F32 => KvFormat::F32,
+            KvPrecision::F16 => KvFormat::F16,
+            KvPrecision::Bf16 => KvFormat::Bf16,
+            KvPrecision::Int8 => kivi(Bits::Eight),
+            KvPrecision::Int4 => kivi(Bits::Four),
+            KvPrecision::Int2 => kivi(Bits::Two),
+        }
+    }
+}
+
+impl std::fmt::Display for KvPrecision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for KvPrecision {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "f32" | "fp32" => KvPrecision::F32,
+            "f16" | "fp16" => KvPrecision::F16,
+            "bf16" => KvPrecision::Bf16,
+            "int8" | "kivi8" => KvPrecision::Int8,
+            "int4" | "kivi4" => KvPrecision::Int4,
+            "int2" | "kivi2" => KvPrecision::Int2,
+            other => {
+                return Err(format!(
+                    "unknown K/V precision `{other}` (f32, f16, bf16, int8, int4, int2)"
+                ))
+            }
+        })
+    }
+}
 
 /// Settings of an [`crate::Engine`], after kvboost's `from_pretrained` keywords.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
-    /// Tokens per cached chunk.
+    /// Tokens per cached chunk in the chunk store.
     pub chunk_size: usize,
-    /// A last chunk shorter than this is not cached.
+    /// A last chunk shorter than this is not stored.
     pub min_tail: usize,
     /// RAM budget of the chunk store in bytes (required, > 0).
     pub max_cache_bytes: usize,
-    /// Which chunk leaves RAM first.
+    /// Which chunk leaves the store's RAM first.
     pub eviction: EvictionPolicy,
     /// How reused chunks found at another position are repaired.
     pub recompute_strategy: RecomputeStrategy,
@@ -24,47 +101,95 @@ pub struct EngineConfig {
     pub cacheblend_probe_layer: usize,
     /// CacheBlend: fraction of a reused chunk's tokens recomputed.
     pub recompute_ratio: f32,
-    /// Bits of stored K/V: 16 keeps f32 (exact), 8 or 4 use KIVI.
-    pub kv_bits: u8,
+    /// Precision of the K/V the chunk store keeps.
+    pub kv_precision: KvPrecision,
     /// A disk tier for chunks evicted from RAM (survives restarts).
     pub disk_dir: Option<PathBuf>,
     /// Disk budget in bytes.
     pub disk_max_bytes: u64,
     /// Cut chunks at sentence ends within this many tokens of the fixed size (0 = fixed cuts).
     pub boundary_window: usize,
-    /// Tokens of context before a seam also re-encoded (selective repair).
-    pub overlap_k: usize,
     /// The first tokens of a prompt are always computed fresh (attention sinks).
     pub sink_tokens: usize,
     /// Refuse unknown architectures.
     pub strict: bool,
-    /// Keep the last request's K/V where it was computed, so a request that extends it continues
-    /// in place without copying (one sequence's K/V: at most the context length's worth).
+    /// Token slots per block of the K/V pool (a power of two).
+    pub block_size: usize,
+    /// Byte budget of the K/V pool (`None`: a quarter of the machine's memory, see
+    /// [`default_pool_bytes`]).
+    pub max_pool_bytes: Option<usize>,
+    /// Keep finished sequences' blocks in the pool (indexed by their tokens) until it needs the
+    /// room; without it a sequence's blocks are freed when it ends, and every reuse reads the
+    /// chunk store.
     pub keep_resident: bool,
+    /// Keep repaired (approximate) blocks resident too, so the next request behind the same
+    /// preamble and document continues them instead of repairing again. Without it, every
+    /// approximate hit is re-assembled from the store and repaired.
+    pub reuse_repaired: bool,
+    /// Token rows one forward pass runs at most: the next slice of each prefilling sequence
+    /// (chunked prefill) after one row for each decoding sequence.
+    pub max_batch_tokens: usize,
+    /// Sequences running at once; further requests wait.
+    pub max_running: usize,
 }
 
-impl EngineConfig {
-    /// Defaults (chunk 128, selective repair, f32 K/V) with a RAM budget.
-    pub fn new(max_cache_bytes: usize) -> Self {
+impl Default for EngineConfig {
+    fn default() -> Self {
         EngineConfig {
             chunk_size: 128,
             min_tail: 32,
-            max_cache_bytes,
+            max_cache_bytes: 2 << 30,
             eviction: EvictionPolicy::default(),
-            recompute_strategy: RecomputeStrategy::Selective,
+            recompute_strategy: RecomputeStrategy::CacheBlend,
             recompute_overlap: 16,
             cacheblend_probe_layer: 1,
             recompute_ratio: 0.15,
-            kv_bits: 16,
+            kv_precision: KvPrecision::F32,
             disk_dir: None,
             disk_max_bytes: 4 << 30,
             boundary_window: 0,
-            overlap_k: 0,
             sink_tokens: 0,
             strict: true,
+            block_size: 32,
+            max_pool_bytes: None,
             keep_resident: true,
+            reuse_repaired: true,
+            max_batch_tokens: 512,
+            max_running: 64,
         }
     }
+}
+
+impl EngineConfig {
+    /// The defaults with a chunk-store RAM budget.
+    pub fn new(max_cache_bytes: usize) -> Self {
+        EngineConfig {
+            max_cache_bytes,
+            ..Default::default()
+        }
+    }
+
+    /// The pool budget in bytes: the configured one, or [`default_pool_bytes`].
+    pub fn pool_bytes(&self) -> usize {
+        self.max_pool_bytes.unwrap_or_else(default_pool_bytes)
+    }
+}
+
+/// A quarter of the machine's physical memory (Linux `MemTotal`; 4 GiB where it cannot be read),
+/// at least 256 MiB. The pool's memory is taken as blocks are first written, so an idle engine
+/// costs nothing; the budget only bounds what many long sequences may hold at once.
+pub fn default_pool_bytes() -> usize {
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kib| kib.parse::<usize>().ok())
+        })
+        .map(|kib| kib * 1024)
+        .unwrap_or(16 << 30);
+    (total / 4).max(256 << 20)
 }
 
 /// How a request uses the cache.
@@ -72,7 +197,8 @@ impl EngineConfig {
 pub enum GenerationMode {
     /// A full prefill; the cache is neither read nor written.
     Baseline,
-    /// Only the longest cached prefix in whole chunks, like vLLM's prefix caching.
+    /// Only the longest cached prefix in whole blocks and chunks, exact only, like vLLM's prefix
+    /// caching.
     PrefixCache,
     /// The longest cached prefix to the token, plus chunks found anywhere else in the prompt
     /// (re-rotated and repaired).
@@ -121,7 +247,7 @@ pub struct GenerateOptions {
     pub sampling: SamplingParams,
     /// Generation stops at any of these.
     pub stop_strings: Vec<String>,
-    /// Only the first this many prompt tokens are stored for reuse (`None`: the whole prompt and
+    /// Only the first this many prompt tokens are kept for reuse (`None`: the whole prompt and
     /// the generated tokens).
     pub cacheable_prefix_len: Option<usize>,
 }

@@ -1,87 +1,48 @@
-//! [`Engine`]: a model, its tokenizer and a chunk store, serving requests with K/V reuse.
+//! [`Engine`]: a model, its tokenizer, a K/V pool and a chunk store, serving requests from any
+//! number of threads through one scheduler.
 
 use crate::config::{EngineConfig, GenerateOptions, GenerationMode};
 use crate::fingerprint::model_fingerprint;
-use crate::kv_transfer::{append_pieces, read_layers, Piece};
-use crate::result::{GenerationResult, StageTimes, WarmResult};
+use crate::request::{Request, RequestHandle, RequestState, Sink};
+use crate::result::{GenerationResult, PoolStats, WarmResult};
+use crate::scheduler::{Command, Scheduler};
+use crate::sequence::Sequence;
 use crate::EngineError;
-use kvb_chunk::{boundary_tokens, split, ChunkConfig, ChunkStrategy};
-use kvb_hash::{Namespace, PrefixKey};
-use kvb_model::generate::{decode, logits_to_vec, Sampler, StreamEvent};
-use kvb_model::{load_pretrained, KvCache, LoadOptions, LogitsFor, Model, ModelBackend, Tokenizer};
-use kvb_quant::{Bits, QuantConfig};
-use kvb_repair::{repair, select, RecomputeStrategy, RepairConfig, SlotMap};
-use kvb_store::{ChunkStore, DiskConfig, KvChunk, KvFormat, StoreConfig, StoreStats};
-use std::ops::Range;
+use crossbeam::channel::{unbounded, Sender};
+use kvb_chunk::{boundary_tokens, ChunkConfig, ChunkStrategy};
+use kvb_hash::Namespace;
+use kvb_model::generate::{eos_ids, Continuation, GenerateParams, StreamEvent};
+use kvb_model::{load_pretrained, KvPool, LoadOptions, Model, ModelBackend, Tokenizer};
+use kvb_store::{ChunkStore, DiskConfig, StoreConfig, StoreStats};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::thread::JoinHandle;
+use std::time::Instant;
 
-/// Tokens `range` of a chunk computed elsewhere (found by content key, or next to one that was),
-/// to place at `start` of this prompt.
-#[derive(Clone)]
-struct Interior {
-    start: usize,
-    chunk: Arc<KvChunk>,
-    range: Range<usize>,
+/// What the engine and its scheduler thread share.
+pub(crate) struct Shared<B: ModelBackend> {
+    pub model: Model<B>,
+    pub tokenizer: Tokenizer,
+    pub store: ChunkStore,
+    pub namespace: Namespace,
+    pub chunking: ChunkConfig,
+    pub config: EngineConfig,
+    pub eos: Vec<u32>,
+    /// Written by the scheduler after each step.
+    pub stats: Mutex<PoolStats>,
 }
 
-impl Interior {
-    fn end(&self) -> usize {
-        self.start + self.range.len()
-    }
-}
-
-/// Neighbouring tokens shorter than this are not worth a piece of their own.
-const MIN_EXTENSION: usize = 4;
-
-/// What the cache offers a prompt.
-#[derive(Default)]
-struct Plan {
-    /// Exact, in-context chunks from position 0, with the tokens of each used.
-    prefix: Vec<(Arc<KvChunk>, usize)>,
-    /// Tokens covered from position 0, by the resident sequence or by `prefix`.
-    prefix_tokens: usize,
-    /// Of those, the tokens continued in place in the resident sequence's cache.
-    resident_tokens: usize,
-    interior: Vec<Interior>,
-}
-
-/// The K/V of the last request's sequence, kept where the model computed it. The next request
-/// that extends it (a chat's next turn, another question about the same file) continues it in
-/// place: no lookup of chunks, no copy. vLLM and llama.cpp keep a sequence's K/V resident the same
-/// way; the chunk store serves everything else.
-struct Resident<B: ModelBackend> {
-    /// The tokens of slots `0..tokens.len()`, all exact (what a full prefill computes).
-    tokens: Vec<u32>,
-    cache: KvCache<B>,
-}
-
-/// How a prompt's cache was filled.
-#[derive(Default)]
-struct Prefill {
-    cached_tokens: usize,
-    recomputed_tokens: usize,
-    exact_chunks: usize,
-    approximate_chunks: usize,
-    /// Slots from here on hold K/V that is not exactly what a full prefill gives.
-    exact_until: usize,
-}
-
-/// A model with a chunk store: the kvb engine.
+/// A model with a K/V pool and a chunk store: the kvb engine.
+///
+/// `Engine` is `Send + Sync`: any number of threads may submit requests at once; one scheduler
+/// thread runs them together (continuous batching) and streams each its events.
 pub struct Engine<B: ModelBackend> {
-    model: Model<B>,
-    tokenizer: Tokenizer,
-    store: ChunkStore,
-    namespace: Namespace,
-    chunking: ChunkConfig,
-    format: KvFormat,
-    config: EngineConfig,
-    resident: Mutex<Option<Resident<B>>>,
-}
-
-fn elapsed_ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
+    shared: Arc<Shared<B>>,
+    commands: Sender<Command>,
+    worker: Option<JoinHandle<()>>,
+    next_id: AtomicU64,
+    max_blocks: usize,
 }
 
 impl<B: ModelBackend> Engine<B> {
@@ -111,34 +72,7 @@ impl<B: ModelBackend> Engine<B> {
         fingerprint: &[u8],
         config: EngineConfig,
     ) -> Result<Self, EngineError> {
-        if config.max_cache_bytes == 0 {
-            return Err(EngineError::Config(
-                "max_cache_bytes must be greater than 0".into(),
-            ));
-        }
-        if config.chunk_size == 0 {
-            return Err(EngineError::Config("chunk_size must be at least 1".into()));
-        }
-        let format = match config.kv_bits {
-            16 | 32 => KvFormat::F32,
-            8 => KvFormat::Kivi(QuantConfig {
-                bits: Bits::Eight,
-                group_size: 32,
-            }),
-            4 => KvFormat::Kivi(QuantConfig {
-                bits: Bits::Four,
-                group_size: 32,
-            }),
-            2 => KvFormat::Kivi(QuantConfig {
-                bits: Bits::Two,
-                group_size: 32,
-            }),
-            b => {
-                return Err(EngineError::Config(format!(
-                    "kv_bits {b}: use 16, 8, 4 or 2"
-                )))
-            }
-        };
+        check_config(&config)?;
         let strategy = if config.boundary_window == 0 {
             ChunkStrategy::Fixed
         } else {
@@ -157,7 +91,7 @@ impl<B: ModelBackend> Engine<B> {
             .model_fingerprint(fingerprint)
             .dtype("f32")
             .chunking(&chunking.describe())
-            .kv_bits(config.kv_bits)
+            .extra("kv_precision", config.kv_precision.as_str())
             .build();
         let store = ChunkStore::new(StoreConfig {
             max_ram_bytes: config.max_cache_bytes,
@@ -167,460 +101,172 @@ impl<B: ModelBackend> Engine<B> {
             }),
             min_prefix_len: 1,
         })?;
-        Ok(Engine {
+        let c = model.config();
+        let shape = (c.num_kv_heads, c.head_dim);
+        let block_bytes = KvPool::<B>::bytes_per_block(c.num_layers, shape, config.block_size);
+        let max_blocks = config.pool_bytes() / block_bytes;
+        if max_blocks == 0 {
+            return Err(EngineError::Config(format!(
+                "a pool of {} bytes holds no block of {} bytes ({} tokens)",
+                config.pool_bytes(),
+                block_bytes,
+                config.block_size
+            )));
+        }
+        let pool = KvPool::<B>::new(c.num_layers, shape, config.block_size, 0, model.device())?;
+        let eos = eos_ids(&c.eos_token_ids, &tokenizer);
+        let shared = Arc::new(Shared {
             model,
             tokenizer,
             store,
             namespace,
             chunking,
-            format,
             config,
-            resident: Mutex::new(None),
+            eos,
+            stats: Mutex::new(PoolStats::default()),
+        });
+        let (commands, inbox) = unbounded();
+        let scheduler = Scheduler::new(shared.clone(), pool, max_blocks);
+        let worker = std::thread::Builder::new()
+            .name("kvb-scheduler".into())
+            .spawn(move || scheduler.run(inbox))
+            .map_err(|e| EngineError::Io {
+                what: "starting the scheduler thread".into(),
+                source: e,
+            })?;
+        Ok(Engine {
+            shared,
+            commands,
+            worker: Some(worker),
+            next_id: AtomicU64::new(1),
+            max_blocks,
         })
     }
 
     /// The model.
     pub fn model(&self) -> &Model<B> {
-        &self.model
+        &self.shared.model
     }
 
     /// The tokenizer.
     pub fn tokenizer(&self) -> &Tokenizer {
-        &self.tokenizer
+        &self.shared.tokenizer
     }
 
     /// The engine's settings.
     pub fn config(&self) -> &EngineConfig {
-        &self.config
+        &self.shared.config
     }
 
     /// The namespace every key of this engine is derived from.
     pub fn namespace(&self) -> &Namespace {
-        &self.namespace
+        &self.shared.namespace
     }
 
-    /// Store counters and sizes.
+    /// The chunk store's counters and sizes.
     pub fn cache_stats(&self) -> StoreStats {
-        self.store.stats()
+        self.shared.store.stats()
     }
 
-    /// Forgets every cached chunk and the resident sequence.
+    /// The K/V pool's state, as of the scheduler's last step.
+    pub fn paged_stats(&self) -> PoolStats {
+        let mut s = self
+            .shared
+            .stats
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        // Before the first step nothing is published yet; the shape is known.
+        if s.blocks_total == 0 {
+            let c = self.shared.model.config();
+            s.block_size = self.shared.config.block_size;
+            s.block_bytes = KvPool::<B>::bytes_per_block(
+                c.num_layers,
+                (c.num_kv_heads, c.head_dim),
+                s.block_size,
+            );
+            s.blocks_total = self.max_blocks;
+        }
+        s
+    }
+
+    fn round_trip(
+        &self,
+        make: impl FnOnce(Sender<Result<(), EngineError>>) -> Command,
+    ) -> Result<(), EngineError> {
+        let (tx, rx) = crossbeam::channel::bounded(1);
+        self.commands
+            .send(make(tx))
+            .map_err(|_| EngineError::Stopped)?;
+        rx.recv().map_err(|_| EngineError::Stopped)?
+    }
+
+    /// Forgets every resident block and every stored chunk (running requests finish on their own
+    /// blocks).
     pub fn reset_cache(&self) -> Result<(), EngineError> {
-        self.set_resident(None);
-        Ok(self.store.clear()?)
+        self.round_trip(Command::Reset)
     }
 
-    fn set_resident(&self, r: Option<Resident<B>>) {
-        // A poisoned lock only means a request panicked holding it; the slot is still valid.
-        let mut slot = self.resident.lock().unwrap_or_else(|e| e.into_inner());
-        *slot = r;
+    /// Writes every resident exact block the chunk store lacks to it, and the store's RAM tier to
+    /// its disk tier when it has one: what the engine learned survives the process.
+    pub fn flush(&self) -> Result<(), EngineError> {
+        self.round_trip(Command::Flush)
     }
 
-    /// An empty cache for a request that will replace the resident sequence: the resident's own
-    /// storage when there is one (a fresh allocation costs page faults, ~0.4 ms per MB here).
-    fn recycled_cache(&self) -> KvCache<B> {
-        let mut slot = self.resident.lock().unwrap_or_else(|e| e.into_inner());
-        match slot.take() {
-            Some(mut r) if self.config.keep_resident => {
-                r.cache.clear();
-                r.cache
-            }
-            _ => self.model.new_cache(),
+    /// Queues a request and returns its handle at once. Bad requests are refused here, before
+    /// they queue: an empty prompt, one longer than the context, one the pool could never hold.
+    pub fn submit(&self, request: Request) -> Result<RequestHandle, EngineError> {
+        let n = request.tokens.len();
+        if n == 0 {
+            return Err(EngineError::EmptyPrompt);
         }
-    }
-
-    /// Takes the resident sequence's cache when it covers at least as much of `tokens` as
-    /// `store_prefix` (continuing in place beats copying the same K/V from the store),
-    /// truncated to the common prefix (at most `limit` tokens, whole chunks with `whole_chunks`).
-    fn take_resident(
-        &self,
-        tokens: &[u32],
-        limit: usize,
-        whole_chunks: bool,
-        store_prefix: usize,
-    ) -> Option<(KvCache<B>, usize)> {
-        if !self.config.keep_resident {
-            return None;
+        let context = self.shared.model.config().max_position_embeddings;
+        if n >= context {
+            return Err(EngineError::PromptTooLong { tokens: n, context });
         }
-        let mut slot = self.resident.lock().unwrap_or_else(|e| e.into_inner());
-        let r = slot.as_ref()?;
-        let mut common = r
-            .tokens
-            .iter()
-            .zip(&tokens[..limit])
-            .take_while(|(a, b)| a == b)
-            .count();
-        if whole_chunks {
-            common -= common % self.chunking.size;
+        let vocab = self.shared.model.config().vocab_size;
+        if let Some(&bad) = request.tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(EngineError::Config(format!(
+                "token id {bad} is outside the vocabulary of {vocab}"
+            )));
         }
-        if common == 0 || common < store_prefix {
-            return None;
-        }
-        let mut r = slot.take()?;
-        r.cache.truncate(common);
-        Some((r.cache, common))
-    }
-
-    fn repair_config(&self, approximate: bool) -> RepairConfig {
-        RepairConfig {
-            // A chunk found by content was computed in another context: boundary-only repair
-            // cannot fix what it lacks throughout, so it always gets CacheBlend, unless repair is off.
-            strategy: match self.config.recompute_strategy {
-                RecomputeStrategy::None => RecomputeStrategy::None,
-                _ if approximate => RecomputeStrategy::CacheBlend,
-                s => s,
-            },
-            overlap: self.config.recompute_overlap,
-            overlap_k: self.config.overlap_k,
-            ratio: self.config.recompute_ratio,
-            sink_tokens: self.config.sink_tokens,
-            probe_layer: self.config.cacheblend_probe_layer,
-        }
-    }
-
-    /// What the cache holds for `tokens` under `mode`. The last token is always left to compute,
-    /// since its logits start generation.
-    ///
-    /// Returns the cache to start from: the resident sequence's, when it covers the longest
-    /// prefix, else a new one.
-    fn plan(
-        &self,
-        tokens: &[u32],
-        mode: GenerationMode,
-    ) -> Result<(Plan, KvCache<B>), EngineError> {
-        let n = tokens.len();
-        let mut plan = Plan::default();
-        if mode == GenerationMode::Baseline || n < 2 {
-            return Ok((plan, self.model.new_cache()));
-        }
-        if let Some(m) = self
-            .store
-            .longest_prefix(self.namespace.root(), &tokens[..n - 1])?
-        {
-            let mut chunks = m.chunks;
-            let mut matched = m.matched_tokens;
-            if mode == GenerationMode::PrefixCache {
-                // Whole chunks only, like block-granular prefix caching.
-                while let Some((c, used)) = chunks.last() {
-                    if *used == c.len() {
-                        break;
-                    }
-                    matched -= used;
-                    chunks.pop();
-                }
-            }
-            plan.prefix = chunks;
-            plan.prefix_tokens = matched;
-        }
-        let whole_chunks = mode == GenerationMode::PrefixCache;
-        let cache = match self.take_resident(tokens, n - 1, whole_chunks, plan.prefix_tokens) {
-            Some((cache, covered)) => {
-                plan.prefix.clear();
-                plan.prefix_tokens = covered;
-                plan.resident_tokens = covered;
-                cache
-            }
-            None => self.recycled_cache(),
-        };
-        if mode == GenerationMode::ChunkReuse {
-            plan.interior = self.find_interior(tokens, plan.prefix_tokens)?;
-        }
-        Ok((plan, cache))
-    }
-
-    /// Chunks stored elsewhere whose tokens reappear in `tokens[from..n-1]`, in order, without
-    /// overlap. With fixed chunking a moved document rarely starts on this prompt's chunk grid, so
-    /// every offset is probed (one content key and one index probe each: ~1 us per position);
-    /// content-defined cuts (boundary window, semantic) shift with the text, so there the prompt's
-    /// own chunks are looked up.
-    fn find_interior(&self, tokens: &[u32], from: usize) -> Result<Vec<Interior>, EngineError> {
-        let n = tokens.len();
-        let mut found = Vec::new();
-        let take = |start: usize,
-                    window: &[u32],
-                    found: &mut Vec<Interior>|
-         -> Result<bool, EngineError> {
-            let key = self.namespace.content_key(window);
-            if !self.store.has_content(&key) {
-                return Ok(false);
-            }
-            match self.store.get_by_content(&key)? {
-                Some(m) if m.chunk.tokens == window => {
-                    found.push(Interior {
-                        start,
-                        range: 0..m.chunk.len(),
-                        chunk: m.chunk,
-                    });
-                    Ok(true)
-                }
-                _ => Ok(false),
-            }
-        };
-        match self.chunking.strategy {
-            ChunkStrategy::Fixed => {
-                let size = self.chunking.size;
-                let mut i = from;
-                // The last token stays live: its logits start generation.
-                while i + size < n {
-                    if take(i, &tokens[i..i + size], &mut found)? {
-                        i += size;
-                    } else {
-                        i += 1;
-                    }
-                }
-            }
-            _ => {
-                for c in split(tokens, &self.chunking, &self.namespace) {
-                    if c.start >= from && c.end < n && c.cacheable {
-                        take(c.start, &c.tokens, &mut found)?;
-                    }
-                }
-            }
-        }
-        self.extend_runs(tokens, from, found)
-    }
-
-    /// Widens each run of chunks found by content with the neighbours they had where they were
-    /// computed: the end of the chunk before (the first one's parent) and the chunks after (the
-    /// last one's children), as far as their tokens match this prompt. A moved document rarely
-    /// sits on the chunk grid it was stored on; without this its partial first and last chunks
-    /// would be recomputed.
-    fn extend_runs(
-        &self,
-        tokens: &[u32],
-        from: usize,
-        found: Vec<Interior>,
-    ) -> Result<Vec<Interior>, EngineError> {
-        let n = tokens.len();
-        let mut out: Vec<Interior> = Vec::with_capacity(found.len() + 2);
-        let mut i = 0;
-        while i < found.len() {
-            let mut j = i + 1;
-            while j < found.len() && found[j].start == found[j - 1].end() {
-                j += 1;
-            }
-            let floor = out.last().map_or(from, Interior::end);
-            let first = &found[i];
-            if first.start > floor {
-                // The store has no chunk under the root key: a run from position 0 stops here.
-                if let Some(parent) = self.store.get(&first.chunk.parent)? {
-                    let m = parent
-                        .tokens
-                        .iter()
-                        .rev()
-                        .zip(tokens[floor..first.start].iter().rev())
-                        .take_while(|(a, b)| a == b)
-                        .count();
-                    if m >= MIN_EXTENSION {
-                        out.push(Interior {
-                            start: first.start - m,
-                            range: parent.len() - m..parent.len(),
-                            chunk: parent,
-                        });
-                    }
-                }
-            }
-            out.extend(found[i..j].iter().cloned());
-            let last = &found[j - 1];
-            // Up to the next run, and the last token stays live.
-            let limit = found.get(j).map_or(n - 1, |next| next.start);
-            let mut at = last.end();
-            if at < limit {
-                if let Some(m) = self
-                    .store
-                    .longest_prefix(last.chunk.prefix_key, &tokens[at..limit])?
-                {
-                    for (chunk, used) in m.chunks {
-                        if used < MIN_EXTENSION {
-                            break;
-                        }
-                        out.push(Interior {
-                            start: at,
-                            range: 0..used,
-                            chunk,
-                        });
-                        at += used;
-                    }
-                }
-            }
-            i = j;
-        }
-        Ok(out)
-    }
-
-    /// Fills `cache` with the K/V of `tokens` (positions `0..n`) from the plan and the model, and
-    /// returns the logits of the last token.
-    fn prefill(
-        &self,
-        tokens: &[u32],
-        plan: &Plan,
-        cache: &mut KvCache<B>,
-        stages: &mut StageTimes,
-        logits: LogitsFor,
-    ) -> Result<(Vec<f32>, Prefill), EngineError> {
-        let n = tokens.len();
-        let positions: Vec<usize> = (0..n).collect();
-        let mut out = Prefill::default();
-        let t = Instant::now();
-        let pieces: Vec<Piece> = plan
-            .prefix
-            .iter()
-            .map(|(c, used)| Piece {
-                chunk: c,
-                range: 0..*used,
-            })
-            .collect();
-        out.cached_tokens += plan.resident_tokens + append_pieces(cache, &pieces, None)?;
-        out.exact_chunks = plan.prefix.len();
-        stages.assemble += t.elapsed();
-        let mut pos = plan.prefix_tokens;
-        out.exact_until = n;
-        let mut deferred: Vec<usize> = Vec::new();
-        // Adjacent reused chunks form one span: placed, and repaired, in one pass. A CacheBlend
-        // pass costs one probe and one forward of the selected tokens; chunk by chunk, those
-        // fixed costs were paid per chunk (measured: 3 chunks of a moved document, 500 ms).
-        let mut i = 0;
-        while i < plan.interior.len() {
-            let mut j = i + 1;
-            while j < plan.interior.len() && plan.interior[j].start == plan.interior[j - 1].end() {
-                j += 1;
-            }
-            let run = &plan.interior[i..j];
-            let span = run[0].start..run[run.len() - 1].end();
-            if span.start > pos {
-                let t = Instant::now();
-                self.model.forward(
-                    &tokens[pos..span.start],
-                    &positions[pos..span.start],
-                    cache,
-                    LogitsFor::Nothing,
-                )?;
-                stages.live_prefill += t.elapsed();
-            }
-            let t = Instant::now();
-            let pieces: Vec<Piece> = run
-                .iter()
-                .map(|it| Piece {
-                    chunk: &it.chunk,
-                    range: it.range.clone(),
-                })
-                .collect();
-            append_pieces(
-                cache,
-                &pieces,
-                Some((self.model.rope(), &positions[span.clone()])),
-            )?;
-            stages.assemble += t.elapsed();
-            let t = Instant::now();
-            let map = SlotMap {
+        // Its largest footprint: the prompt and every token it may generate, within the context.
+        let tokens = (n + request.options.max_new_tokens).min(context) + 1;
+        let needed = tokens.div_ceil(self.shared.config.block_size);
+        if needed > self.max_blocks {
+            return Err(EngineError::PoolTooSmall {
                 tokens,
-                positions: &positions,
-            };
-            let config = self.repair_config(true);
-            // The last run's recompute joins the live suffix's forward pass below.
-            let report = if j == plan.interior.len() {
-                let r = select(&self.model, cache, &map, span.clone(), &config)?;
-                deferred.clone_from(&r.recomputed_slots);
-                r
-            } else {
-                repair(&self.model, cache, &map, span.clone(), &config)?
-            };
-            stages.repair += t.elapsed();
-            out.cached_tokens += span.len();
-            out.recomputed_tokens += report.recomputed_slots.len();
-            out.approximate_chunks += run.len();
-            out.exact_until = out.exact_until.min(span.start);
-            pos = span.end;
-            i = j;
+                needed_blocks: needed,
+                pool_blocks: self.max_blocks,
+            });
         }
-        let t = Instant::now();
-        let last = if deferred.is_empty() {
-            self.model
-                .forward(&tokens[pos..], &positions[pos..], cache, logits)?
-        } else {
-            // One pass over the repaired slots and the live suffix (see kvb_repair::select):
-            // the suffix sees the repaired K/V as if the repair had run first.
-            let slots: Vec<usize> = deferred.iter().copied().chain(pos..n).collect();
-            let run_tokens: Vec<u32> = slots.iter().map(|&s| tokens[s]).collect();
-            let run_positions: Vec<usize> = slots.iter().map(|&s| positions[s]).collect();
-            cache.reserve(n - cache.len());
-            cache.set_len(n)?;
-            self.model
-                .forward_at_slots(&run_tokens, &run_positions, &slots, cache, logits)?
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (events_tx, events) = unbounded();
+        let state = Arc::new(RequestState::default());
+        let params = GenerateParams {
+            max_new_tokens: request.options.max_new_tokens,
+            sampling: request.options.sampling.clone(),
+            stop_strings: request.options.stop_strings.clone(),
+            stop_at_eos: true,
         };
-        stages.live_prefill += t.elapsed();
-        Ok((logits_to_vec(last)?, out))
-    }
-
-    /// Stores the chunks of `sequence` (the tokens of cache slots `0..limit`) that are not stored
-    /// yet, from the cache's own K/V (computed in context). Returns (chunks, bytes) stored.
-    fn store_chunks(
-        &self,
-        sequence: &[u32],
-        limit: usize,
-        cache: &KvCache<B>,
-    ) -> Result<(usize, usize), EngineError> {
-        let limit = limit.min(sequence.len()).min(cache.len());
-        let mut parent: PrefixKey = self.namespace.root();
-        let (mut count, mut bytes) = (0, 0);
-        for c in split(&sequence[..limit], &self.chunking, &self.namespace) {
-            let key = c.prefix_key;
-            if c.cacheable && !self.store.contains(&key) {
-                let chunk = KvChunk {
-                    prefix_key: key,
-                    content_key: c.content_key,
-                    parent,
-                    positions: (c.start as u32..c.end as u32).collect(),
-                    kv_heads: self.model.config().num_kv_heads,
-                    head_dim: self.model.config().head_dim,
-                    layers: read_layers(cache, c.span(), self.format)?,
-                    tokens: c.tokens,
-                };
-                bytes += chunk.bytes();
-                if self.store.insert(chunk)? != kvb_store::Inserted::Rejected {
-                    count += 1;
-                }
-            }
-            parent = key;
-        }
-        Ok((count, bytes))
-    }
-
-    /// Computes `text` in context and stores its chunks, so later prompts that start with it reuse
-    /// them (a prefix already cached is reused, not recomputed).
-    pub fn warm(&self, text: &str) -> Result<WarmResult, EngineError> {
-        let tokens = self.tokenizer.encode(text, false)?;
-        if tokens.is_empty() {
-            return Ok(WarmResult {
-                chunks_stored: 0,
-                tokens: 0,
-                bytes: 0,
-            });
-        }
-        self.check_length(tokens.len())?;
-        let (plan, mut cache) = self.plan(&tokens, GenerationMode::PrefixCache)?;
-        cache.reserve(tokens.len() - cache.len());
-        let mut stages = StageTimes::default();
-        self.prefill(&tokens, &plan, &mut cache, &mut stages, LogitsFor::Nothing)?;
-        let (chunks_stored, bytes) = self.store_chunks(&tokens, tokens.len(), &cache)?;
-        let count = tokens.len();
-        self.set_resident(Some(Resident { tokens, cache }));
-        Ok(WarmResult {
-            chunks_stored,
-            tokens: count,
-            bytes,
+        let run = Continuation::new(params, self.shared.eos.clone());
+        let sink = Sink {
+            events: events_tx,
+            state: state.clone(),
+        };
+        let seq = Sequence::new(sink, request.tokens, request.options, request.arrival, run);
+        self.commands
+            .send(Command::Submit(Box::new(seq)))
+            .map_err(|_| EngineError::Stopped)?;
+        let wake = self.commands.clone();
+        Ok(RequestHandle {
+            id,
+            events,
+            state,
+            wake: Box::new(move || {
+                let _ = wake.send(Command::Wake);
+            }),
         })
-    }
-
-    fn check_length(&self, n: usize) -> Result<(), EngineError> {
-        let max = self.model.config().max_position_embeddings;
-        if n >= max {
-            return Err(EngineError::PromptTooLong {
-                tokens: n,
-                context: max,
-            });
-        }
-        Ok(())
     }
 
     /// Generates from `prompt` with K/V reuse per `options.mode`, streaming through `on_token`.
@@ -630,45 +276,18 @@ impl<B: ModelBackend> Engine<B> {
         options: &GenerateOptions,
         on_token: &mut dyn FnMut(StreamEvent<'_>),
     ) -> Result<GenerationResult, EngineError> {
-        let start = Instant::now();
-        let tokens = self.tokenizer.encode(prompt, false)?;
-        let tokenize = start.elapsed();
-        self.generate_from(start, tokenize, &tokens, options, on_token)
-    }
-
-    /// Serves several prompts as one batch. They run one after another, ordered so that prompts
-    /// sharing a prefix run back to back (each continues the previous one's resident K/V, or
-    /// reads the chunks it stored); results come back in the given order. TTFT is counted from the
-    /// batch's arrival, so it includes the wait behind earlier prompts of the batch.
-    pub fn generate_batch(
-        &self,
-        prompts: &[&str],
-        options: &GenerateOptions,
-    ) -> Vec<Result<GenerationResult, EngineError>> {
-        let start = Instant::now();
-        let encoded: Vec<Result<Vec<u32>, EngineError>> = prompts
-            .iter()
-            .map(|p| Ok(self.tokenizer.encode(p, false)?))
-            .collect();
-        let tokenize = start.elapsed();
-        let mut order: Vec<usize> = (0..prompts.len()).collect();
-        // Lexicographic order puts the prompts with the longest common prefixes next to each other.
-        order.sort_by(|&a, &b| match (&encoded[a], &encoded[b]) {
-            (Ok(x), Ok(y)) => x.cmp(y),
-            (x, y) => x.is_ok().cmp(&y.is_ok()),
-        });
-        let mut served: Vec<(usize, Result<GenerationResult, EngineError>)> = order
-            .into_iter()
-            .map(|i| {
-                let r = match &encoded[i] {
-                    Ok(tokens) => self.generate_from(start, tokenize, tokens, options, &mut |_| {}),
-                    Err(e) => Err(EngineError::Config(format!("prompt {i}: {e}"))),
-                };
-                (i, r)
-            })
-            .collect();
-        served.sort_by_key(|(i, _)| *i);
-        served.into_iter().map(|(_, r)| r).collect()
+        let arrival = Instant::now();
+        let tokens = self.shared.tokenizer.encode(prompt, false)?;
+        let tokenize = arrival.elapsed();
+        let mut r = self
+            .submit(Request {
+                tokens,
+                options: options.clone(),
+                arrival,
+            })?
+            .wait_streaming(on_token)?;
+        r.stages.tokenize = tokenize;
+        Ok(r)
     }
 
     /// As [`Engine::generate`], from token ids.
@@ -678,110 +297,107 @@ impl<B: ModelBackend> Engine<B> {
         options: &GenerateOptions,
         on_token: &mut dyn FnMut(StreamEvent<'_>),
     ) -> Result<GenerationResult, EngineError> {
-        self.generate_from(Instant::now(), Duration::ZERO, tokens, options, on_token)
+        self.submit(Request::new(tokens.to_vec(), options.clone()))?
+            .wait_streaming(on_token)
     }
 
-    fn generate_from(
+    /// Serves several prompts as one batch: all are submitted at once and run together (those
+    /// sharing a prefix share its blocks); results come back in the given order. TTFT counts
+    /// from the batch's arrival.
+    pub fn generate_batch(
         &self,
-        start: Instant,
-        tokenize: Duration,
-        tokens: &[u32],
+        prompts: &[&str],
         options: &GenerateOptions,
-        on_token: &mut dyn FnMut(StreamEvent<'_>),
-    ) -> Result<GenerationResult, EngineError> {
-        let n = tokens.len();
-        if n == 0 {
-            return Err(EngineError::Config("the prompt is empty".into()));
+    ) -> Vec<Result<GenerationResult, EngineError>> {
+        let arrival = Instant::now();
+        let handles: Vec<Result<RequestHandle, EngineError>> = prompts
+            .iter()
+            .map(|p| {
+                let tokens = self.shared.tokenizer.encode(p, false)?;
+                self.submit(Request {
+                    tokens,
+                    options: options.clone(),
+                    arrival,
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h?.wait()).collect()
+    }
+
+    /// Computes `text` in context and keeps its K/V: resident in the pool, and its chunks in the
+    /// chunk store, so later prompts that start with it (or hold it anywhere, by content) reuse
+    /// it. A prefix already cached is reused, not recomputed.
+    pub fn warm(&self, text: &str) -> Result<WarmResult, EngineError> {
+        let tokens = self.shared.tokenizer.encode(text, false)?;
+        if tokens.is_empty() {
+            return Ok(WarmResult {
+                chunks_stored: 0,
+                tokens: 0,
+                bytes: 0,
+            });
         }
-        self.check_length(n)?;
-        let mut stages = StageTimes {
-            tokenize,
+        let count = tokens.len();
+        let options = GenerateOptions {
+            max_new_tokens: 0,
+            mode: GenerationMode::PrefixCache,
             ..Default::default()
         };
-        let t = Instant::now();
-        let (plan, mut cache) = self.plan(tokens, options.mode)?;
-        stages.lookup = t.elapsed();
-        let t = Instant::now();
-        // Room for the whole request at once, since growing a cache copies it; when it must grow,
-        // leave headroom for the next request that extends this one (a chat's next turn).
-        let needed = n + options.max_new_tokens;
-        if cache.capacity() < needed {
-            cache.reserve(needed + needed / 4 + 256 - cache.len());
-        }
-        stages.assemble += t.elapsed();
-        let (first_logits, filled) =
-            self.prefill(tokens, &plan, &mut cache, &mut stages, LogitsFor::Last)?;
-
-        let params = kvb_model::generate::GenerateParams {
-            max_new_tokens: options.max_new_tokens,
-            sampling: options.sampling.clone(),
-            stop_strings: options.stop_strings.clone(),
-            stop_at_eos: true,
-        };
-        let mut sampler = Sampler::new(options.sampling.clone());
-        let mut ttft = None;
-        let decoded = decode(
-            &self.model,
-            &self.tokenizer,
-            &mut cache,
-            first_logits.clone(),
-            n,
-            &params,
-            &mut sampler,
-            &mut |e| {
-                ttft.get_or_insert_with(|| start.elapsed());
-                on_token(e)
-            },
-        )?;
-        let ttft = ttft.unwrap_or_else(|| start.elapsed());
-        stages.decode = decoded.decode_time;
-
-        if options.mode != GenerationMode::Baseline {
-            let t = Instant::now();
-            let mut sequence = tokens.to_vec();
-            sequence.extend_from_slice(&decoded.tokens);
-            // Only K/V that equals a full prefill's may be stored under prefix keys: everything
-            // after the first approximately reused chunk depends on its repaired K/V.
-            let exact_end = if filled.approximate_chunks > 0 {
-                filled.exact_until
-            } else {
-                cache.len()
-            };
-            let limit = match options.cacheable_prefix_len {
-                Some(l) => l.min(n),
-                None => cache.len(),
-            };
-            let keep = limit.min(exact_end).min(cache.len());
-            self.store_chunks(&sequence, keep, &cache)?;
-            if keep > 0 {
-                sequence.truncate(keep);
-                self.set_resident(Some(Resident {
-                    tokens: sequence,
-                    cache,
-                }));
-            }
-            stages.store = t.elapsed();
-        }
-        let decode_steps = decoded.tokens.len().saturating_sub(1);
-        Ok(GenerationResult {
-            output_text: decoded.text,
-            token_ids: decoded.tokens,
-            ttft_ms: elapsed_ms(ttft),
-            total_ms: elapsed_ms(start.elapsed()),
-            tokens_per_sec: if decoded.decode_time.is_zero() {
-                0.0
-            } else {
-                decode_steps as f64 / decoded.decode_time.as_secs_f64()
-            },
-            kv_reuse_ratio: filled.cached_tokens as f64 / n as f64,
-            prompt_tokens: n,
-            cached_tokens: filled.cached_tokens,
-            resident_tokens: plan.resident_tokens,
-            recomputed_tokens: filled.recomputed_tokens,
-            exact_chunks: filled.exact_chunks,
-            approximate_chunks: filled.approximate_chunks,
-            stages,
-            first_logits,
+        let r = self.submit(Request::new(tokens, options))?.wait()?;
+        Ok(WarmResult {
+            chunks_stored: r.stored_chunks,
+            tokens: count,
+            bytes: r.stored_bytes,
         })
     }
+
+    /// Waits until the scheduler has taken every command sent so far and published its stats.
+    pub fn sync(&self) -> Result<(), EngineError> {
+        self.round_trip(Command::Sync)
+    }
+}
+
+impl<B: ModelBackend> Drop for Engine<B> {
+    fn drop(&mut self) {
+        let _ = self.commands.send(Command::Shutdown);
+        if let Some(worker) = self.worker.take() {
+            let _ = worker.join();
+        }
+    }
+}
+
+fn check_config(c: &EngineConfig) -> Result<(), EngineError> {
+    let bad = |what: String| Err(EngineError::Config(what));
+    if c.max_cache_bytes == 0 {
+        return bad("max_cache_bytes must be greater than 0".into());
+    }
+    if c.chunk_size == 0 {
+        return bad("chunk_size must be at least 1".into());
+    }
+    if c.block_size == 0 || !c.block_size.is_power_of_two() {
+        return bad(format!(
+            "block_size {} must be a power of two",
+            c.block_size
+        ));
+    }
+    if c.max_batch_tokens == 0 {
+        return bad("max_batch_tokens must be at least 1".into());
+    }
+    if c.max_running == 0 {
+        return bad("max_running must be at least 1".into());
+    }
+    if !(0.0..=1.0).contains(&c.recompute_ratio) {
+        return bad(format!(
+            "recompute_ratio {} is not in 0..=1",
+            c.recompute_ratio
+        ));
+    }
+    Ok(())
+}
+
+/// `Engine` is shared between threads (a server's request handlers).
+#[allow(dead_code)]
+fn engine_is_send_and_sync() {
+    fn assert<T: Send + Sync>() {}
+    #[cfg(feature = "ndarray")]
+    assert::<Engine<kvb_model::backends::Cpu>>();
 }

@@ -10,7 +10,10 @@ fn weight_files(path: &Path, format: ModelFormat) -> Result<Vec<PathBuf>, Engine
         ModelFormat::Gguf => Ok(vec![path.to_path_buf()]),
         ModelFormat::HfFolder => {
             let mut files: Vec<PathBuf> = std::fs::read_dir(path)
-                .map_err(|e| EngineError::Io(format!("{}: {e}", path.display())))?
+                .map_err(|e| EngineError::Io {
+                    what: format!("listing {}", path.display()),
+                    source: e,
+                })?
                 .filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
                 .collect();
@@ -30,12 +33,16 @@ pub fn model_fingerprint(
     let mut h = blake3::Hasher::new_derive_key("kvb 2026-11 model fingerprint");
     h.update(config.to_hf_json().to_string().as_bytes());
     for file in weight_files(path, format)? {
-        let f = std::fs::File::open(&file)
-            .map_err(|e| EngineError::Io(format!("{}: {e}", file.display())))?;
+        let f = std::fs::File::open(&file).map_err(|e| EngineError::Io {
+            what: format!("opening {}", file.display()),
+            source: e,
+        })?;
         // SAFETY: read-only map of a file we only read; a concurrent writer could at worst change
         // the digest, which then no longer matches any stored key (a miss, never a wrong hit).
-        let map = unsafe { memmap2::Mmap::map(&f) }
-            .map_err(|e| EngineError::Io(format!("{}: {e}", file.display())))?;
+        let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| EngineError::Io {
+            what: format!("mapping {}", file.display()),
+            source: e,
+        })?;
         h.update(&(map.len() as u64).to_le_bytes());
         h.update(&map);
     }

@@ -1,29 +1,41 @@
-//! # kvb-engine: chunk-level K/V reuse
+//! # kvb-engine: K/V reuse, paged and batched
 //!
 //! The product: an [`Engine`] serves prompts that repeat long context by reusing K/V it has already
-//! computed. The path of a request ([`Engine::generate`]):
+//! computed, for many requests at once. Its K/V lives in a *pool* of fixed-size blocks that
+//! sequences share: one system prompt behind a hundred chats is held once.
 //!
-//! 1. tokenize; split into chunks (kvb-chunk) keyed under the engine's namespace (kvb-hash: model
-//!    fingerprint, dtype, chunking, K/V bits), so no key can mix models or settings;
-//! 2. look up the longest cached prefix **to the token**: first against the *resident sequence*
-//!    (the previous request's K/V, still where the model computed it: a chat's next turn or another
-//!    question on the same file continues it in place, with no copy), then in kvb-store's radix
-//!    index (chunks stored from earlier prefills *in context*, so their K/V is exactly what a
-//!    prefill computes); with `ChunkReuse`, also look up the remaining chunks by content key
-//!    anywhere in the store;
-//! 3. assemble: the exact prefix as is; a chunk found elsewhere is re-rotated from its stored
-//!    positions to its new ones (RoPE) and repaired (kvb-repair: selective or CacheBlend; a chunk
-//!    found by content always gets CacheBlend);
-//! 4. run the model only over the tokens not covered (at least the last one), decode;
-//! 5. store the new chunks of the prompt *and of the generated tokens* from this request's own
-//!    K/V, so the next turn of a chat hits without `warm`.
+//! The path of a request ([`Engine::submit`], or [`Engine::generate`] on top of it):
 //!
-//! Promises (tested in `tests/`): with exact prefix reuse, greedy output is identical to Baseline
-//! and first-token logits agree within float tolerance (not bit for bit: GEMM blocking differs
-//! with the number of rows computed); interior reuse with repair stays within stated fidelity
-//! bounds; a prompt longer than the context is an error; TTFT is measured from the call of
-//! `generate` to the moment the first token id is known, everything included (tokenization,
-//! lookup, dequantization, re-rotation, repair, prefill).
+//! 1. tokenize; the scheduler admits it when its blocks fit ([`scheduler`] order: oldest first);
+//! 2. plan what the cache offers ([`plan`]): the longest prefix *resident in the pool*, block by
+//!    block through a radix tree over token blocks (read in place: no copy, no dequantization; a
+//!    block matched in part is copied, since the request will write the rest of it); then the
+//!    chunk store's longest prefix to the token (kvb-store, RAM then disk; keys under the
+//!    engine's namespace, so no key can mix models or settings), written into fresh blocks; then,
+//!    with `ChunkReuse`, chunks stored anywhere else whose tokens reappear later in the prompt;
+//! 3. prefill in slices under a per-step token budget (chunked prefill), batched with every other
+//!    running sequence: one forward pass per step advances all of them, one decode row each plus
+//!    the next slice of each prefill. A reused run is copied into the sequence's blocks and
+//!    re-rotated when the prefill reaches it, and repaired (kvb-repair: CacheBlend or selective),
+//!    its repaired slots computed in the same pass as the tokens after it;
+//! 4. sample, stream, stop, per sequence;
+//! 5. its blocks stay resident, indexed by their tokens (repaired ones flagged approximate), until
+//!    the pool needs the room: then least recently used leaves go first, their exact K/V written
+//!    back to the store; its new exact chunks are also written to the chunk store when it ends, so
+//!    a document first read inside a prompt is found by content later.
+//!
+//! Promises (tested in `tests/`):
+//! - exact reuse gives greedy output identical to Baseline, with first-token logits equal within
+//!   float tolerance (GEMM blocking differs with the rows computed);
+//! - a batch does not change what a sequence generates: on the CPU its logits are the same bits
+//!   run alone or among others (kvb-model's and kvb-attn's batch-invariant kernels);
+//! - the block manager never leaks a block, never lets a sequence write a block another reads,
+//!   never exceeds its budget, never evicts a block in use (`tests/block_manager.rs`);
+//! - interior reuse with repair stays within stated fidelity bounds;
+//! - bad requests (an empty prompt, one longer than the context, one the pool could never hold,
+//!   a second cancel) are clear errors, and a request's failure never stops the others;
+//! - TTFT runs from the request's arrival to the moment its first token id is known: queueing,
+//!   tokenization, lookup, copies, dequantization, re-rotation, repair and prefill included.
 #![warn(missing_docs)]
 
 pub mod blocks;
@@ -32,15 +44,21 @@ mod engine;
 mod fidelity;
 mod fingerprint;
 mod kv_transfer;
+pub mod plan;
+mod request;
 mod result;
+pub mod scheduler;
+mod sequence;
+mod store_write;
 
-pub use config::{EngineConfig, GenerateOptions, GenerationMode};
+pub use config::{default_pool_bytes, EngineConfig, GenerateOptions, GenerationMode, KvPrecision};
 pub use engine::Engine;
 pub use fidelity::{kl_divergence, token_agreement, FidelityReport};
 pub use fingerprint::model_fingerprint;
 pub use kvb_repair::RecomputeStrategy;
 pub use kvb_store::{EvictionPolicy, StoreStats};
-pub use result::{GenerationResult, StageTimes, WarmResult};
+pub use request::{Event, Request, RequestHandle};
+pub use result::{CachedTokens, GenerationResult, PoolStats, StageTimes, WarmResult};
 
 /// Everything that can go wrong in the engine.
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +72,9 @@ pub enum EngineError {
     /// Invalid settings.
     #[error("engine config: {0}")]
     Config(String),
+    /// The prompt has no token.
+    #[error("the prompt is empty")]
+    EmptyPrompt,
     /// The prompt does not fit the model's context.
     #[error("the prompt has {tokens} tokens; the model's context holds {context}")]
     PromptTooLong {
@@ -62,10 +83,44 @@ pub enum EngineError {
         /// The model's context.
         context: usize,
     },
+    /// The request could never fit the K/V pool.
+    #[error(
+        "the request may need {tokens} tokens of K/V ({needed_blocks} blocks); the pool holds \
+         {pool_blocks} blocks: raise --max-pool-bytes or lower max_new_tokens"
+    )]
+    PoolTooSmall {
+        /// Prompt and generated tokens at most.
+        tokens: usize,
+        /// Blocks they need.
+        needed_blocks: usize,
+        /// Blocks the pool's budget holds.
+        pool_blocks: usize,
+    },
+    /// The request was cancelled.
+    #[error("the request was cancelled")]
+    Cancelled,
+    /// `cancel` was called on a request already cancelled.
+    #[error("the request was already cancelled")]
+    AlreadyCancelled,
+    /// `cancel` was called on a request that had finished.
+    #[error("the request had already finished")]
+    AlreadyFinished,
+    /// The engine is shutting down (or its scheduler is gone).
+    #[error("the engine has stopped")]
+    Stopped,
     /// Cached K/V does not fit the model or could not be read.
     #[error("cache: {0}")]
     Cache(String),
-    /// A file could not be read.
-    #[error("{0}")]
-    Io(String),
+    /// A step failed inside the engine; the requests in it fail, the others go on.
+    #[error("internal error: {0}")]
+    Internal(String),
+    /// A file could not be read, or a thread started.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
 }

@@ -1,4 +1,4 @@
-//! What a request reports.
+//! What a request reports, and what the pool reports.
 
 use std::time::Duration;
 
@@ -7,19 +7,43 @@ use std::time::Duration;
 pub struct StageTimes {
     /// Prompt to token ids.
     pub tokenize: Duration,
-    /// Chunking, keying and store lookups.
+    /// Waiting for the scheduler to admit it (room in the pool, a free running slot).
+    pub queue: Duration,
+    /// Planning: the pool's radix tree, the chunk store's prefix and content lookups.
     pub lookup: Duration,
-    /// Placing cached K/V in the live cache (decoding, dequantizing, re-rotating, uploading).
+    /// Placing cached K/V in the sequence's blocks (copy-on-write of a partly matched block,
+    /// store chunks decoded, dequantized and re-rotated into fresh blocks).
     pub assemble: Duration,
-    /// Seam repair: probing and recomputing, except the recompute of the last reused run, which
-    /// shares the live prefill's forward pass.
+    /// Seam repair: probing; the recompute itself shares the live prefill's forward passes.
     pub repair: Duration,
-    /// Running the model over the tokens not covered by the cache.
+    /// Forward passes that computed the sequence's prompt rows, from its first to its last (other
+    /// sequences' rows ran in the same passes).
     pub live_prefill: Duration,
-    /// Generating tokens after the first.
+    /// From the first token to the last.
     pub decode: Duration,
-    /// Storing new chunks.
+    /// Writing the sequence's new exact chunks to the chunk store.
     pub store: Duration,
+}
+
+/// Where the cached part of a prompt came from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CachedTokens {
+    /// Resident blocks of the pool, read in place (no copy); a block matched in part is copied.
+    pub pool: usize,
+    /// The chunk store's prefix (RAM or disk tier), written into fresh blocks.
+    pub store: usize,
+    /// Chunks found anywhere in the prompt by content, re-rotated and repaired.
+    pub interior: usize,
+    /// Of all these, tokens whose K/V is not what a full prefill computes (interior chunks, and
+    /// repaired blocks continued from the pool).
+    pub approximate: usize,
+}
+
+impl CachedTokens {
+    /// All cached tokens.
+    pub fn total(&self) -> usize {
+        self.pool + self.store + self.interior
+    }
 }
 
 /// The outcome of [`crate::Engine::generate`].
@@ -29,10 +53,10 @@ pub struct GenerationResult {
     pub output_text: String,
     /// Generated token ids.
     pub token_ids: Vec<u32>,
-    /// From the call of `generate` to the moment the first token id was known: tokenization,
-    /// lookup, assembly, dequantization, repair and prefill all included.
+    /// From the request's arrival to the moment the first token id was known: tokenization,
+    /// queueing, lookup, assembly, dequantization, repair and prefill all included.
     pub ttft_ms: f64,
-    /// From the call to the end, storing included.
+    /// From the arrival to the end, storing included.
     pub total_ms: f64,
     /// Generated tokens per second of decoding (after the first token).
     pub tokens_per_sec: f64,
@@ -42,18 +66,23 @@ pub struct GenerationResult {
     pub prompt_tokens: usize,
     /// Prompt tokens whose K/V came from the cache.
     pub cached_tokens: usize,
-    /// Of `cached_tokens`, those continued in place from the previous request's resident K/V
-    /// (no chunk lookup, no copy).
-    pub resident_tokens: usize,
+    /// Where they came from.
+    pub cached: CachedTokens,
     /// Cached tokens recomputed by repair.
     pub recomputed_tokens: usize,
-    /// Chunks reused by prefix key (exact, in context).
+    /// Store chunks reused by prefix key (exact, in context).
     pub exact_chunks: usize,
-    /// Chunks reused by content key (re-rotated, repaired).
+    /// Store chunks reused by content key (re-rotated, repaired).
     pub approximate_chunks: usize,
+    /// Times the sequence was preempted (its blocks given up for room, recomputed later).
+    pub preemptions: usize,
+    /// Chunks the request added to the chunk store, and their bytes.
+    pub stored_chunks: usize,
+    /// Bytes of those chunks.
+    pub stored_bytes: usize,
     /// Per-stage times.
     pub stages: StageTimes,
-    /// Logits of the first generated position (for fidelity checks).
+    /// Logits of the first generated position (for fidelity checks; empty without generation).
     pub first_logits: Vec<f32>,
 }
 
@@ -66,4 +95,51 @@ pub struct WarmResult {
     pub tokens: usize,
     /// Bytes newly stored.
     pub bytes: usize,
+}
+
+/// The pool's state ([`crate::Engine::paged_stats`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PoolStats {
+    /// Token slots per block.
+    pub block_size: usize,
+    /// Bytes of K/V one block holds (every layer).
+    pub block_bytes: usize,
+    /// The budget in blocks.
+    pub blocks_total: usize,
+    /// Blocks held by sequences or the radix tree.
+    pub blocks_used: usize,
+    /// Blocks read by more than one holder (sequences, the tree).
+    pub blocks_shared: usize,
+    /// Blocks indexed by the radix tree (resident).
+    pub blocks_resident: usize,
+    /// Of those, blocks holding repaired (approximate) K/V.
+    pub blocks_approximate: usize,
+    /// Most blocks in use at once so far.
+    pub peak_blocks_used: usize,
+    /// Bytes that sharing saves: every reference to a block beyond its first is a copy not made.
+    pub bytes_saved_by_sharing: usize,
+    /// Resident sequences: leaves of the radix tree.
+    pub resident_sequences: usize,
+    /// Sequences running now.
+    pub running: usize,
+    /// Requests waiting to be admitted.
+    pub waiting: usize,
+    /// Blocks evicted from the tree for room.
+    pub evictions: u64,
+    /// Sequences preempted for room.
+    pub preemptions: u64,
+    /// Requests served (finished, failed or cancelled).
+    pub requests: u64,
+}
+
+impl PoolStats {
+    /// Bytes of K/V the pool holds now.
+    pub fn bytes_used(&self) -> usize {
+        self.blocks_used * self.block_bytes
+    }
+
+    /// The budget in bytes.
+    pub fn bytes_total(&self) -> usize {
+        self.blocks_total * self.block_bytes
+    }
 }

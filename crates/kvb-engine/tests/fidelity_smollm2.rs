@@ -7,7 +7,7 @@
 
 use kvb_engine::{
     kl_divergence, token_agreement, Engine, EngineConfig, GenerateOptions, GenerationMode,
-    RecomputeStrategy,
+    KvPrecision, RecomputeStrategy,
 };
 use kvb_model::backends::Cpu;
 use kvb_model::fetch::{ensure_default_model, models_dir_in};
@@ -188,13 +188,23 @@ fn chat_history_reuse_is_exact_and_kivi_stays_close() {
         "How old is it?",
         "Who built it?",
     ];
-    // The resident sequence keeps f32 K/V; quantized K/V is only read from the store, so the
-    // KIVI runs turn the resident sequence off. f32 runs both ways.
-    for (bits, keep_resident) in [(16u8, true), (16, false), (8, false), (4, false)] {
+    // The pool keeps f32 K/V; quantized K/V is only read from the store, so the KIVI runs free
+    // each sequence's blocks when it ends. f32 runs both ways.
+    for (precision, keep_resident) in [
+        (KvPrecision::F32, true),
+        (KvPrecision::F32, false),
+        (KvPrecision::Int8, false),
+        (KvPrecision::Int4, false),
+    ] {
+        let bits = match precision {
+            KvPrecision::Int8 => 8,
+            KvPrecision::Int4 => 4,
+            _ => 16,
+        };
         let e: Engine<Cpu> = Engine::from_pretrained(
             &model_path(),
             EngineConfig {
-                kv_bits: bits,
+                kv_precision: precision,
                 keep_resident,
                 ..EngineConfig::new(1 << 30)
             },
@@ -219,7 +229,7 @@ fn chat_history_reuse_is_exact_and_kivi_stays_close() {
                 .unwrap();
             assert_eq!(reuse.approximate_chunks, 0);
             if !keep_resident {
-                assert_eq!(reuse.resident_tokens, 0);
+                assert_eq!(reuse.cached.pool, 0, "nothing stays resident");
             }
             reused += reuse.cached_tokens;
             let top1 = |l: &[f32]| kvb_model::generate::argmax(l);

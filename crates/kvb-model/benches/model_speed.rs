@@ -7,7 +7,7 @@
 use burn::tensor::{Distribution, Tensor};
 use kvb_model::backends::Cpu;
 use kvb_model::fetch::{ensure_default_model, models_dir_in};
-use kvb_model::generate::{decode, logits_to_vec, GenerateParams, Sampler};
+use kvb_model::generate::{decode, logits_to_vec, GenerateParams};
 use kvb_model::{load_pretrained, LoadOptions, LogitsFor, ModelConfig};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -165,7 +165,6 @@ fn main() {
                     .expect("prefill"),
             )
             .expect("logits");
-            let mut sampler = Sampler::new(params.sampling.clone());
             let d = decode(
                 &m.model,
                 &m.tokenizer,
@@ -173,7 +172,6 @@ fn main() {
                 logits,
                 128,
                 &params,
-                &mut sampler,
                 &mut |_| {},
             )
             .expect("decode");

@@ -8,7 +8,7 @@
 //! read gathers the slots asked for.
 
 use crate::error::{ModelError, Result};
-use crate::model::{pool_read, ModelBackend};
+use crate::model::{pool_read, HostKv, ModelBackend};
 use burn::tensor::Tensor;
 
 /// K and V of one layer: `[kv_heads, slots, head_dim]` each.
@@ -172,25 +172,28 @@ impl<B: ModelBackend> KvPool<B> {
         Ok(())
     }
 
-    /// As [`KvPool::write`], from host values laid out `[kv_heads, n, head_dim]`.
+    /// As [`KvPool::write`], from host values: tokens `k.first..k.first + slots.len()` of `k`
+    /// and `v` (each `[kv_heads, tokens, head_dim]`, e.g. a stored chunk's layer).
     pub fn write_host(
         &mut self,
         layer: usize,
         slots: &[usize],
-        k: &[f32],
-        v: &[f32],
+        k: HostKv,
+        v: HostKv,
     ) -> Result<()> {
-        let shape = [self.kv_heads, slots.len(), self.head_dim];
-        let n = shape.iter().product::<usize>();
-        if k.len() != n || v.len() != n {
-            return Err(ModelError::Forward(format!(
-                "{} and {} host values for {} slots of {} heads x {}",
-                k.len(),
-                v.len(),
-                slots.len(),
-                self.kv_heads,
-                self.head_dim
-            )));
+        for src in [&k, &v] {
+            let need = self.kv_heads * src.tokens * self.head_dim;
+            if src.data.len() != need || src.first + slots.len() > src.tokens {
+                return Err(ModelError::Forward(format!(
+                    "{} host values of {} tokens (from token {}) for {} slots of {} heads x {}",
+                    src.data.len(),
+                    src.tokens,
+                    src.first,
+                    slots.len(),
+                    self.kv_heads,
+                    self.head_dim
+                )));
+            }
         }
         self.check_slots(layer, slots, None)?;
         let (pk, pv) = self.layers[layer].take().expect("layer present");

@@ -59,7 +59,7 @@ pub use config::{Family, ModelConfig};
 pub use error::{ModelError, Result};
 pub use kv_cache::KvCache;
 pub use kv_pool::KvPool;
-pub use model::{ForwardBatch, LogitsFor, Model, ModelBackend, SeqRows};
+pub use model::{ForwardBatch, HostKv, LogitsFor, Model, ModelBackend, SeqRows};
 pub use pretrained::{
     detect_format, load_config, load_pretrained, LoadOptions, ModelFormat, Pretrained,
 };

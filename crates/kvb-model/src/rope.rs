@@ -100,6 +100,46 @@ impl Rope {
         })
     }
 
+    /// Re-rotates host keys in place: `keys` is `[heads, n, head_dim]` (token `t` of each head
+    /// rotated to position `from[t]`), moved to `to[t]`. The same rotation, rounded the same way,
+    /// as [`Rope::rerotation_tables`] applied to a tensor: done while K/V is copied from a chunk
+    /// store into the pool, it costs no pass of its own.
+    pub fn rerotate_host(&self, keys: &mut [f32], from: &[usize], to: &[usize]) {
+        assert_eq!(
+            from.len(),
+            to.len(),
+            "one source position per target position"
+        );
+        let half = self.inv_freq.len();
+        let dim = 2 * half;
+        let n = from.len();
+        if n == 0 || dim == 0 {
+            return;
+        }
+        // cos and sin of each token's angle difference, per pair.
+        let table: Vec<(f32, f32)> = (0..n)
+            .flat_map(|t| {
+                (0..half).map(move |i| {
+                    let delta = self.angle(to[t], i) as f64 - self.angle(from[t], i) as f64;
+                    (delta.cos() as f32, delta.sin() as f32)
+                })
+            })
+            .collect();
+        for row in keys.chunks_exact_mut(n * dim) {
+            for (t, x) in row.chunks_exact_mut(dim).enumerate() {
+                if from[t] == to[t] {
+                    continue;
+                }
+                for i in 0..half {
+                    let (c, s) = table[t * half + i];
+                    let (a, b) = (x[i], x[i + half]);
+                    x[i] = a * c + b * -s;
+                    x[i + half] = b * c + a * s;
+                }
+            }
+        }
+    }
+
     fn build_tables<B: Backend>(
         &self,
         n: usize,
@@ -184,6 +224,24 @@ mod tests {
             let at_to = rope.tables::<B>(&to, &dev).apply(x);
             let diff = max_diff(moved, at_to);
             assert!(diff < 2e-3, "{scaling}: {diff}");
+        }
+    }
+
+    #[test]
+    fn host_rerotation_equals_the_tensor_rerotation() {
+        let dev = Default::default();
+        let rope = Rope::new(&config("null"));
+        let x = Tensor::<B, 4>::random([1, 3, 5, 16], Distribution::Default, &dev);
+        let from = [0, 7, 100, 1500, 3];
+        let to = [40, 2, 900, 10, 3];
+        let want = rope
+            .rerotation_tables::<B>(&from, &to, &dev)
+            .apply(x.clone());
+        let mut host = x.into_data().to_vec::<f32>().unwrap();
+        rope.rerotate_host(&mut host, &from, &to);
+        let want = want.into_data().to_vec::<f32>().unwrap();
+        for (g, w) in host.iter().zip(&want) {
+            assert_eq!(g.to_bits(), w.to_bits(), "{g} vs {w}");
         }
     }
 

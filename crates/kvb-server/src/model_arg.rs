@@ -55,5 +55,20 @@ pub fn load_engine<B: ModelBackend>(
     let m = load::<B>(path, config.strict, device)?;
     let fingerprint =
         model_fingerprint(path, m.format, m.model.config()).context("fingerprinting the model")?;
-    Ok(Engine::new(m.model, m.tokenizer, &fingerprint, config)?)
+    let explicit = config.max_pool_bytes.is_some();
+    let engine = Engine::new(m.model, m.tokenizer, &fingerprint, config)?;
+    let p = engine.paged_stats();
+    eprintln!(
+        "K/V pool: {:.2} GiB, {} blocks of {} tokens ({} tokens of K/V){}",
+        p.bytes_total() as f64 / (1u64 << 30) as f64,
+        p.blocks_total,
+        p.block_size,
+        p.blocks_total * p.block_size,
+        if explicit {
+            ""
+        } else {
+            "; a quarter of this machine's memory, --max-pool-bytes to change"
+        }
+    );
+    Ok(engine)
 }

@@ -52,8 +52,8 @@ pub const VARIANTS: [Variant; 5] = [
             "chunk-reuse",
             "--recompute-strategy",
             "selective",
-            "--kv-bits",
-            "8",
+            "--kv-precision",
+            "int8",
         ],
     },
 ];

@@ -1,8 +1,10 @@
 //! Generation: prefill, then one token at a time until EOS, a stop string or the token budget.
 
+mod continuation;
 mod sampler;
 mod text_stream;
 
+pub use continuation::{Continuation, Step};
 pub use sampler::{argmax, Sampler, SamplingParams};
 pub use text_stream::TextStream;
 
@@ -108,7 +110,6 @@ pub fn logits_to_vec<B: Backend>(logits: Tensor<B, 2>) -> Result<Vec<f32>> {
 
 /// Continues a sequence whose prompt already sits in `cache`, starting from the logits of its
 /// last position. New tokens take positions `next_position..` and are appended to `cache`.
-#[allow(clippy::too_many_arguments)]
 pub fn decode<B: ModelBackend>(
     model: &Model<B>,
     tokenizer: &Tokenizer,
@@ -116,55 +117,42 @@ pub fn decode<B: ModelBackend>(
     first_logits: Vec<f32>,
     next_position: usize,
     params: &GenerateParams,
-    sampler: &mut Sampler,
     on_token: &mut dyn FnMut(StreamEvent<'_>),
 ) -> Result<Decoded> {
     let eos = eos_ids(&model.config().eos_token_ids, tokenizer);
-    let mut stream = TextStream::new(tokenizer, &params.stop_strings);
-    let mut tokens = Vec::new();
+    let mut run = Continuation::new(params.clone(), eos);
+    let max_positions = model.config().max_position_embeddings;
     let mut logits = first_logits;
     let mut position = next_position;
     let mut decode_time = Duration::ZERO;
     let stop = loop {
-        if tokens.len() >= params.max_new_tokens {
-            break StopReason::MaxTokens;
+        if let Some(stop) = run.stop() {
+            break stop;
         }
-        let token = sampler.sample(&logits);
-        tokens.push(token);
-        if params.stop_at_eos && eos.contains(&token) {
-            on_token(StreamEvent { token, text: "" });
-            break StopReason::Eos;
-        }
-        let piece = stream.push(token)?;
+        let step = run.step(tokenizer, &logits, position, max_positions)?;
         on_token(StreamEvent {
-            token,
-            text: &piece,
+            token: step.token,
+            text: &step.text,
         });
-        if stream.stopped() {
-            break StopReason::StopString;
-        }
-        if tokens.len() >= params.max_new_tokens {
-            break StopReason::MaxTokens;
-        }
-        if position >= model.config().max_position_embeddings {
-            break StopReason::ContextFull;
+        if let Some(stop) = step.stop {
+            break stop;
         }
         let t = Instant::now();
-        let out = model.forward(&[token], &[position], cache, LogitsFor::Last)?;
+        let out = model.forward(&[step.token], &[position], cache, LogitsFor::Last)?;
         logits = logits_to_vec(out)?;
         decode_time += t.elapsed();
         position += 1;
     };
-    let rest = stream.finish();
+    let rest = run.finish();
     if !rest.is_empty() {
         on_token(StreamEvent {
-            token: *tokens.last().unwrap_or(&0),
+            token: *run.tokens().last().unwrap_or(&0),
             text: &rest,
         });
     }
     Ok(Decoded {
-        tokens,
-        text: stream.text().to_string(),
+        tokens: run.tokens().to_vec(),
+        text: run.text().to_string(),
         stop,
         decode_time,
     })
@@ -189,7 +177,6 @@ pub fn generate<B: ModelBackend>(
     let mut cache = model.new_cache();
     let positions: Vec<usize> = (0..prompt.len()).collect();
     let logits = logits_to_vec(model.forward(prompt, &positions, &mut cache, LogitsFor::Last)?)?;
-    let mut sampler = Sampler::new(params.sampling.clone());
     let mut ttft = None;
     let decoded = decode(
         model,
@@ -198,7 +185,6 @@ pub fn generate<B: ModelBackend>(
         logits,
         prompt.len(),
         params,
-        &mut sampler,
         &mut |event| {
             ttft.get_or_insert_with(|| start.elapsed());
             on_token(event)

@@ -7,10 +7,10 @@
 use crate::error::Result;
 use crate::tokenizer::Tokenizer;
 
-/// Turns a stream of token ids into a stream of text pieces.
-#[derive(Debug)]
-pub struct TextStream<'a> {
-    tokenizer: &'a Tokenizer,
+/// Turns a stream of token ids into a stream of text pieces. It holds no tokenizer (each push
+/// takes one), so a scheduler can keep one per sequence for as long as the sequence runs.
+#[derive(Debug, Clone)]
+pub struct TextStream {
     tokens: Vec<u32>,
     /// Decoded text of all tokens so far that forms whole characters.
     text: String,
@@ -20,11 +20,10 @@ pub struct TextStream<'a> {
     stopped: bool,
 }
 
-impl<'a> TextStream<'a> {
+impl TextStream {
     /// A stream that stops at any of `stop_strings` (empty strings are ignored).
-    pub fn new(tokenizer: &'a Tokenizer, stop_strings: &[String]) -> Self {
+    pub fn new(stop_strings: &[String]) -> Self {
         TextStream {
-            tokenizer,
             tokens: Vec::new(),
             text: String::new(),
             emitted: 0,
@@ -38,12 +37,12 @@ impl<'a> TextStream<'a> {
     }
 
     /// Adds a token; returns the text that became final (possibly empty).
-    pub fn push(&mut self, token: u32) -> Result<String> {
+    pub fn push(&mut self, tokenizer: &Tokenizer, token: u32) -> Result<String> {
         if self.stopped {
             return Ok(String::new());
         }
         self.tokens.push(token);
-        let decoded = self.tokenizer.decode(&self.tokens, true)?;
+        let decoded = tokenizer.decode(&self.tokens, true)?;
         if decoded.ends_with('\u{FFFD}') {
             return Ok(String::new()); // an incomplete UTF-8 sequence: wait for the next token
         }

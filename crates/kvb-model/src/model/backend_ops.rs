@@ -52,12 +52,13 @@ pub trait ModelBackend: AttentionBackend {
         pool_write_reference(pool, slots, values)
     }
 
-    /// As [`ModelBackend::pool_write`], from host values laid out `[kv_heads, n, head_dim]`.
-    fn pool_write_host(pool: Tensor<Self, 3>, slots: &[usize], values: &[f32]) -> Tensor<Self, 3> {
+    /// As [`ModelBackend::pool_write`], from host values: tokens `src.first..src.first +
+    /// slots.len()` of every head of `src` (`[kv_heads, src.tokens, head_dim]`).
+    fn pool_write_host(pool: Tensor<Self, 3>, slots: &[usize], src: HostKv) -> Tensor<Self, 3> {
         let [h, _, d] = pool.dims();
         let device = pool.device();
         let values = Tensor::from_data(
-            TensorData::new(values.to_vec(), [h, slots.len(), d]),
+            TensorData::new(src.rows(h, d, slots.len()), [h, slots.len(), d]),
             &device,
         );
         Self::pool_write(pool, slots, values)
@@ -70,6 +71,39 @@ pub trait ModelBackend: AttentionBackend {
             .convert::<f32>()
             .to_vec::<f32>()
             .unwrap_or_default()
+    }
+}
+
+/// Host K or V to write into a pool: `data` is `[kv_heads, tokens, head_dim]`, of which tokens
+/// `first..` are written (a piece of a stored chunk).
+#[derive(Debug, Clone, Copy)]
+pub struct HostKv<'a> {
+    /// The values.
+    pub data: &'a [f32],
+    /// Tokens per head in `data`.
+    pub tokens: usize,
+    /// The first token written.
+    pub first: usize,
+}
+
+impl HostKv<'_> {
+    /// All of `data`, `[kv_heads, tokens, head_dim]`.
+    pub fn all(data: &[f32], tokens: usize) -> HostKv<'_> {
+        HostKv {
+            data,
+            tokens,
+            first: 0,
+        }
+    }
+
+    /// Tokens `first..first + n` of every head, contiguous: `[heads, n, d]`.
+    pub fn rows(&self, heads: usize, d: usize, n: usize) -> Vec<f32> {
+        let mut out = Vec::with_capacity(heads * n * d);
+        for h in 0..heads {
+            let from = (h * self.tokens + self.first) * d;
+            out.extend_from_slice(&self.data[from..from + n * d]);
+        }
+        out
     }
 }
 

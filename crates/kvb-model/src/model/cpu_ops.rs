@@ -1,7 +1,7 @@
 //! burn-ndarray's overrides of [`ModelBackend`]: fused row passes, the few-row product, and K/V
 //! pool writes in place.
 
-use super::backend_ops::{self, runs, ModelBackend};
+use super::backend_ops::{self, runs, HostKv, ModelBackend};
 use crate::config::Activation;
 use crate::rope::RopeTables;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
@@ -203,13 +203,15 @@ impl ModelBackend for NdArray<f32> {
             return backend_ops::pool_write_reference(pool, slots, values);
         };
         match f32_slice(&vp) {
-            Some((shape, v)) if shape == [h, n, d] => write_in_place(pool, slots, v),
+            Some((shape, v)) if shape == [h, n, d] => {
+                write_in_place(pool, slots, HostKv::all(v, n))
+            }
             _ => backend_ops::pool_write_reference(pool, slots, values),
         }
     }
 
-    fn pool_write_host(pool: Tensor<Self, 3>, slots: &[usize], values: &[f32]) -> Tensor<Self, 3> {
-        write_in_place(pool, slots, values)
+    fn pool_write_host(pool: Tensor<Self, 3>, slots: &[usize], src: HostKv) -> Tensor<Self, 3> {
+        write_in_place(pool, slots, src)
     }
 
     fn pool_read_host(pool: &Tensor<Self, 3>, slots: &[usize]) -> Vec<f32> {
@@ -247,31 +249,31 @@ fn rows_of3(t: &Tensor<NdArray<f32>, 3>) -> Option<NdArrayTensor> {
     }
 }
 
-/// Writes host `values` (`[h, n, d]`) at pool slots, mutating the pool's memory in place: a
+/// Writes host values (tokens `src.first..` of `[h, src.tokens, d]`) at pool slots, mutating
+/// the pool's memory in place: a
 /// slice-assign per run would first build a tensor of the values and then copy it, two passes
 /// over K/V that a store hit reads by the tens of megabytes. The pool is uniquely owned by its
 /// [`crate::KvPool`]; were it shared, `into_owned` would copy it first (correct, only slow).
 fn write_in_place(
     pool: Tensor<NdArray<f32>, 3>,
     slots: &[usize],
-    values: &[f32],
+    src: HostKv,
 ) -> Tensor<NdArray<f32>, 3> {
     let [h, total, d] = pool.dims();
-    let n = slots.len();
     let TensorPrimitive::Float(NdArrayTensor::F32(storage)) = pool.clone().into_primitive() else {
-        return pool_write_generic(pool, slots, values);
+        return pool_write_generic(pool, slots, src);
     };
     drop(pool);
     let mut array = storage.into_owned();
     let Some(dst) = array.as_slice_mut() else {
         let pool = Tensor::from_primitive(TensorPrimitive::Float(NdArrayTensor::from(array)));
-        return pool_write_generic(pool, slots, values);
+        return pool_write_generic(pool, slots, src);
     };
     for head in 0..h {
         for (at, first, len) in runs(slots) {
             let to = (head * total + first) * d;
-            let from = (head * n + at) * d;
-            dst[to..to + len * d].copy_from_slice(&values[from..from + len * d]);
+            let from = (head * src.tokens + src.first + at) * d;
+            dst[to..to + len * d].copy_from_slice(&src.data[from..from + len * d]);
         }
     }
     Tensor::from_primitive(TensorPrimitive::Float(NdArrayTensor::from(array)))
@@ -280,12 +282,12 @@ fn write_in_place(
 fn pool_write_generic(
     pool: Tensor<NdArray<f32>, 3>,
     slots: &[usize],
-    values: &[f32],
+    src: HostKv,
 ) -> Tensor<NdArray<f32>, 3> {
     let [h, _, d] = pool.dims();
     let device = pool.device();
     let values = Tensor::from_data(
-        TensorData::new(values.to_vec(), [h, slots.len(), d]),
+        TensorData::new(src.rows(h, d, slots.len()), [h, slots.len(), d]),
         &device,
     );
     backend_ops::pool_write_reference(pool, slots, values)

@@ -8,7 +8,7 @@ mod cpu_ops;
 mod few_rows;
 mod layers;
 
-pub use backend_ops::{pool_read, pool_write_reference, ModelBackend};
+pub use backend_ops::{pool_read, pool_write_reference, HostKv, ModelBackend};
 pub use batch::{ForwardBatch, SeqRows};
 pub use layers::{activate, Linear, RmsNorm};
 

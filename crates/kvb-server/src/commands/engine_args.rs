@@ -1,45 +1,65 @@
-//! Engine flags shared by `generate`, `chat`, `demo` (and later `replay`).
+//! Engine flags shared by `generate`, `chat`, `demo` and `replay`. Their defaults are the
+//! engine's own ([`EngineConfig::default`]), read here, never restated.
 
 use clap::Args;
-use kvb_engine::{EngineConfig, GenerationMode, RecomputeStrategy};
+use kvb_engine::{EngineConfig, GenerationMode, KvPrecision, RecomputeStrategy};
 use std::path::PathBuf;
 
-/// Cache settings of the engine.
+fn defaults() -> EngineConfig {
+    EngineConfig::default()
+}
+
+/// Cache and scheduling settings of the engine.
 #[derive(Args, Debug, Clone)]
 pub struct EngineArgs {
-    /// RAM budget of the K/V chunk store, in bytes.
-    #[arg(long, default_value_t = 2 << 30)]
+    /// RAM budget of the chunk store (the K/V pool's second tier), in bytes.
+    #[arg(long, default_value_t = defaults().max_cache_bytes)]
     pub max_cache_bytes: usize,
-    /// Tokens per cached chunk.
-    #[arg(long, default_value_t = 128)]
+    /// Byte budget of the K/V pool (default: a quarter of the machine's memory).
+    #[arg(long)]
+    pub max_pool_bytes: Option<usize>,
+    /// Token slots per block of the K/V pool (a power of two).
+    #[arg(long, default_value_t = defaults().block_size)]
+    pub block_size: usize,
+    /// Token rows one forward pass runs at most (decode rows, then prefill slices).
+    #[arg(long, default_value_t = defaults().max_batch_tokens)]
+    pub max_batch_tokens: usize,
+    /// Sequences running at once; further requests wait.
+    #[arg(long, default_value_t = defaults().max_running)]
+    pub max_running: usize,
+    /// Tokens per chunk of the chunk store.
+    #[arg(long, default_value_t = defaults().chunk_size)]
     pub chunk_size: usize,
-    /// Repair of chunks reused at another position: selective, cacheblend or none.
-    #[arg(long, default_value = "selective")]
+    /// Repair of chunks reused at another position: cacheblend, selective (the tokens after each
+    /// seam only) or none.
+    #[arg(long, default_value_t = defaults().recompute_strategy)]
     pub recompute_strategy: RecomputeStrategy,
     /// Selective repair: tokens recomputed after each seam.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = defaults().recompute_overlap)]
     pub recompute_overlap: usize,
-    /// CacheBlend: fraction of a reused chunk recomputed.
-    #[arg(long, default_value_t = 0.15)]
+    /// CacheBlend: fraction of a reused span recomputed.
+    #[arg(long, default_value_t = defaults().recompute_ratio)]
     pub recompute_ratio: f32,
-    /// Bits of stored K/V: 16 (exact), 8 or 4 (KIVI).
-    #[arg(long, default_value_t = 16)]
-    pub kv_bits: u8,
-    /// A disk tier for the cache (kept across runs).
+    /// Precision of the K/V the chunk store keeps: f32 (exact), f16, bf16, int8, int4 or int2
+    /// (KIVI).
+    #[arg(long, default_value_t = defaults().kv_precision)]
+    pub kv_precision: KvPrecision,
+    /// A disk tier for the chunk store (kept across runs).
     #[arg(long)]
     pub disk_dir: Option<PathBuf>,
     /// Cut chunks at sentence ends within this many tokens (0 = fixed cuts).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = defaults().boundary_window)]
     pub boundary_window: usize,
-    /// Tokens of context re-encoded before each seam.
-    #[arg(long, default_value_t = 0)]
-    pub overlap_k: usize,
     /// First tokens always computed fresh.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = defaults().sink_tokens)]
     pub sink_tokens: usize,
-    /// Do not keep the last request's K/V resident: every reuse then reads the chunk store.
+    /// Free a sequence's blocks when it ends: every reuse then reads the chunk store.
     #[arg(long)]
     pub no_resident: bool,
+    /// Do not keep repaired blocks resident: every moved document is repaired again from the
+    /// store.
+    #[arg(long)]
+    pub no_reuse_repaired: bool,
     /// baseline, prefix or chunk-reuse.
     #[arg(long, default_value = "chunk-reuse")]
     pub mode: GenerationMode,
@@ -49,18 +69,23 @@ impl EngineArgs {
     /// The engine configuration these flags describe.
     pub fn config(&self, strict: bool) -> EngineConfig {
         EngineConfig {
+            max_cache_bytes: self.max_cache_bytes,
+            max_pool_bytes: self.max_pool_bytes,
+            block_size: self.block_size,
+            max_batch_tokens: self.max_batch_tokens,
+            max_running: self.max_running,
             chunk_size: self.chunk_size,
             recompute_strategy: self.recompute_strategy,
             recompute_overlap: self.recompute_overlap,
             recompute_ratio: self.recompute_ratio,
-            kv_bits: self.kv_bits,
+            kv_precision: self.kv_precision,
             disk_dir: self.disk_dir.clone(),
             boundary_window: self.boundary_window,
-            overlap_k: self.overlap_k,
             sink_tokens: self.sink_tokens,
             strict,
             keep_resident: !self.no_resident,
-            ..EngineConfig::new(self.max_cache_bytes)
+            reuse_repaired: !self.no_reuse_repaired,
+            ..defaults()
         }
     }
 }

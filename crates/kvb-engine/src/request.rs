@@ -1,0 +1,171 @@
+//! Requests in, events out: what [`crate::Engine::submit`] takes and returns.
+
+use crate::config::GenerateOptions;
+use crate::result::GenerationResult;
+use crate::EngineError;
+use crossbeam::channel::{Receiver, RecvTimeoutError, Sender};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A request for the engine.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// The prompt's token ids.
+    pub tokens: Vec<u32>,
+    /// How to generate and use the cache.
+    pub options: GenerateOptions,
+    /// When the request arrived: TTFT is counted from here (a server passes the moment the HTTP
+    /// request came in; tokenization and any wait in the queue count).
+    pub arrival: Instant,
+}
+
+impl Request {
+    /// A request for `tokens`, arriving now.
+    pub fn new(tokens: Vec<u32>, options: GenerateOptions) -> Self {
+        Request {
+            tokens,
+            options,
+            arrival: Instant::now(),
+        }
+    }
+}
+
+/// What a running request reports.
+#[derive(Debug)]
+pub enum Event {
+    /// A generated token and the text it made final (possibly empty).
+    Token {
+        /// The token.
+        token: u32,
+        /// Text that became final with it.
+        text: String,
+    },
+    /// The request ended: its result, or why it failed (`Cancelled` when cancelled). Boxed: a
+    /// result is large, and every token event would otherwise be as large.
+    Finished(Box<Result<GenerationResult, EngineError>>),
+}
+
+const RUNNING: u8 = 0;
+const CANCELLED: u8 = 1;
+const FINISHED: u8 = 2;
+
+/// Whether a request still runs; shared by its handle and the scheduler.
+#[derive(Debug, Default)]
+pub(crate) struct RequestState(AtomicU8);
+
+impl RequestState {
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Acquire) == CANCELLED
+    }
+
+    /// Marks the request finished (no cancel can land after this).
+    pub fn finish(&self) {
+        self.0.store(FINISHED, Ordering::Release);
+    }
+
+    fn cancel(&self) -> Result<(), EngineError> {
+        match self
+            .0
+            .compare_exchange(RUNNING, CANCELLED, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => Ok(()),
+            Err(CANCELLED) => Err(EngineError::AlreadyCancelled),
+            Err(_) => Err(EngineError::AlreadyFinished),
+        }
+    }
+}
+
+/// The scheduler's side of a request: where events go.
+pub(crate) struct Sink {
+    pub events: Sender<Event>,
+    pub state: Arc<RequestState>,
+}
+
+impl Sink {
+    /// Sends an event; a handle that is gone no longer listens, which is not an error.
+    pub fn send(&self, event: Event) {
+        let _ = self.events.send(event);
+    }
+}
+
+/// A submitted request: its events as they happen, and a way to cancel it. Dropping the handle
+/// of a request that still runs cancels it (a client that went away frees its blocks at once).
+pub struct RequestHandle {
+    pub(crate) id: u64,
+    pub(crate) events: Receiver<Event>,
+    pub(crate) state: Arc<RequestState>,
+    /// Wakes the scheduler so a cancel is acted on at its next step.
+    pub(crate) wake: Box<dyn Fn() + Send + Sync>,
+}
+
+impl std::fmt::Debug for RequestHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestHandle")
+            .field("id", &self.id)
+            .finish()
+    }
+}
+
+impl RequestHandle {
+    /// The request's id (unique within the engine).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The next event, waiting for it; `None` once the last one was taken.
+    pub fn next_event(&self) -> Option<Event> {
+        self.events.recv().ok()
+    }
+
+    /// The next event if one comes within `timeout`.
+    pub fn next_event_timeout(&self, timeout: Duration) -> Result<Option<Event>, EngineError> {
+        match self.events.recv_timeout(timeout) {
+            Ok(e) => Ok(Some(e)),
+            Err(RecvTimeoutError::Timeout) => Ok(None),
+            Err(RecvTimeoutError::Disconnected) => Err(EngineError::Stopped),
+        }
+    }
+
+    /// The event channel itself (to select over several requests).
+    pub fn events(&self) -> &Receiver<Event> {
+        &self.events
+    }
+
+    /// Cancels the request: its sequence stops at the scheduler's next step and its blocks are
+    /// freed. Cancelling twice, or a request that has finished, is an error saying so.
+    pub fn cancel(&self) -> Result<(), EngineError> {
+        self.state.cancel()?;
+        (self.wake)();
+        Ok(())
+    }
+
+    /// Waits for the end, calling `on_token` for each token, and returns the result.
+    pub fn wait_streaming(
+        self,
+        on_token: &mut dyn FnMut(kvb_model::generate::StreamEvent<'_>),
+    ) -> Result<GenerationResult, EngineError> {
+        loop {
+            match self.events.recv() {
+                Ok(Event::Token { token, text }) => {
+                    on_token(kvb_model::generate::StreamEvent { token, text: &text })
+                }
+                Ok(Event::Finished(result)) => return *result,
+                Err(_) => return Err(EngineError::Stopped),
+            }
+        }
+    }
+
+    /// Waits for the end and returns the result.
+    pub fn wait(self) -> Result<GenerationResult, EngineError> {
+        self.wait_streaming(&mut |_| {})
+    }
+}
+
+impl Drop for RequestHandle {
+    fn drop(&mut self) {
+        if self.state.cancel().is_ok() {
+            (self.wake)();
+        }
+    }
+}

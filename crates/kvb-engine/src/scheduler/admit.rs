@@ -1,0 +1,172 @@
+//! Admission: a waiting request becomes a running sequence once its blocks fit.
+
+use super::Scheduler;
+use crate::blocks::BlockId;
+use crate::config::GenerationMode;
+use crate::kv_transfer::write_pieces;
+use crate::plan::{runs, Plan, Planner};
+use crate::sequence::{Sequence, Work};
+use crate::EngineError;
+use kvb_model::ModelBackend;
+use std::time::Instant;
+
+impl<B: ModelBackend> Scheduler<B> {
+    /// Admits waiting requests, oldest first, while there is a running slot and room for their
+    /// blocks. A request whose prompt shares more with a sequence still prefilling than the cache
+    /// holds waits for that prefill to index its blocks, instead of computing the same prefix
+    /// again beside it (sixteen chats arriving at once behind one system prompt compute it once).
+    pub(super) fn admit(&mut self) {
+        let mut i = 0;
+        while i < self.waiting.len() && self.running.len() < self.shared.config.max_running {
+            let t = Instant::now();
+            let mode = self.waiting[i].options.mode;
+            let planner = Planner {
+                store: &self.shared.store,
+                namespace: &self.shared.namespace,
+                chunking: &self.shared.chunking,
+                config: &self.shared.config,
+            };
+            let tokens = &self.waiting[i].tokens[..self.waiting[i].prefill_len];
+            let plan = match planner.plan(tokens, mode, &mut self.blocks) {
+                Ok(p) => p,
+                Err(e) => {
+                    let seq = self.waiting.remove(i).expect("index in range");
+                    self.end_failed(seq, e);
+                    continue;
+                }
+            };
+            let lookup = t.elapsed();
+            if self.wait_for_running_prefill(&self.waiting[i], &plan) {
+                i += 1;
+                continue;
+            }
+            let bs = self.blocks.block_size();
+            let n = self.waiting[i].prefill_len;
+            // Blocks for the prompt and the first generated token; later ones come per step.
+            let needed = (n + 1).div_ceil(bs) - plan.pool_blocks.len();
+            if needed > self.blocks.available() {
+                break; // in order: nothing younger overtakes a request that waits for room
+            }
+            let mut seq = self.waiting.remove(i).expect("index in range");
+            seq.stats.stages.lookup += lookup;
+            seq.stats.stages.queue += seq.submitted.elapsed().saturating_sub(lookup);
+            match self.start(&mut seq, plan, needed) {
+                Ok(()) => {
+                    seq.order = self.next_order;
+                    self.next_order += 1;
+                    self.running.push(seq);
+                }
+                Err(e) => self.end_failed(seq, e),
+            }
+        }
+    }
+
+    /// Whether `seq` should wait for a running prefill that will index more of its prompt than
+    /// `plan` finds now.
+    fn wait_for_running_prefill(&self, seq: &Sequence, plan: &Plan) -> bool {
+        let bs = self.blocks.block_size();
+        if seq.options.mode == GenerationMode::Baseline || !self.shared.config.keep_resident {
+            return false;
+        }
+        let have = plan.prefix_end(bs) / bs;
+        let prompt = &seq.tokens[..seq.prefill_len];
+        self.running.iter().any(|r| {
+            if r.options.mode == GenerationMode::Baseline || r.decoding() {
+                return false;
+            }
+            let common = prompt
+                .iter()
+                .zip(&r.tokens[..r.prefill_len.min(r.cacheable_until())])
+                .take_while(|(a, b)| a == b)
+                .count()
+                .min(prompt.len() - 1);
+            common / bs > have && r.final_until() < common
+        })
+    }
+
+    /// Gives `seq` its blocks and cached K/V, and its prefill work.
+    fn start(&mut self, seq: &mut Sequence, plan: Plan, needed: usize) -> Result<(), EngineError> {
+        let t = Instant::now();
+        let bs = self.blocks.block_size();
+        // Hold the resident blocks before allocating, so eviction cannot take them.
+        self.blocks.retain(&plan.pool_blocks);
+        let partial: Vec<BlockId> = plan.pool_partial.iter().map(|p| p.0).collect();
+        self.blocks.retain(&partial);
+        let fresh = self.allocate(needed);
+        let Some(fresh) = fresh else {
+            self.blocks.release(&partial);
+            self.blocks.release(&plan.pool_blocks);
+            return Err(EngineError::Cache(
+                "the pool's free blocks went to another request".into(),
+            ));
+        };
+        seq.table = plan.pool_blocks.clone();
+        seq.table.extend(fresh);
+        seq.indexed = plan.pool_blocks.len();
+        seq.node = plan.pool_node;
+        let mut filled = plan.pool_blocks.len() * bs;
+        if let Some((block, used)) = plan.pool_partial {
+            // Copy-on-write: the sequence writes the rest of this block, so it gets its own copy.
+            let from: Vec<usize> = (0..used).map(|s| block as usize * bs + s).collect();
+            let to = self.pool.pool_slots(&seq.table, filled..filled + used)?;
+            let copied = self.pool.copy_slots(&from, &to);
+            self.blocks.release(&partial);
+            copied?;
+            filled += used;
+        }
+        seq.stats.cached.pool = filled;
+        if let Some(from) = plan.pool_approximate_from {
+            seq.exact_until = from;
+            seq.stats.cached.approximate += filled.saturating_sub(from);
+        }
+        if !plan.store.is_empty() {
+            let written = write_pieces(&mut self.pool, &seq.table, &plan.store, None)?;
+            seq.stats.cached.store = written;
+            seq.stats.exact_chunks = plan.store.len();
+            filled += written;
+        }
+        seq.filled = filled;
+        seq.work = build_work(&plan, filled, seq.prefill_len);
+        seq.stats.stages.assemble += t.elapsed();
+        Ok(())
+    }
+
+    /// `n` fresh blocks (evicting for room, evicted exact paths written back to the store), the
+    /// pool grown to hold them.
+    pub(super) fn allocate(&mut self, n: usize) -> Option<Vec<BlockId>> {
+        let shared = self.shared.clone();
+        let writer = Self::writer(&shared);
+        let shape = self.pool.head_shape();
+        let pool = &self.pool;
+        let got = self.blocks.allocate(n, &mut |removed| {
+            Self::write_back(&writer, pool, shape, removed)
+        });
+        let capacity = self.blocks.allocator().capacity();
+        if capacity > self.pool.blocks() {
+            self.pool.grow(capacity);
+        }
+        got
+    }
+}
+
+/// The prefill work after the cached prefix: live gaps to compute and reused runs to place, in
+/// slot order, ending with the live suffix (at least the last token, whose logits start
+/// generation).
+fn build_work(plan: &Plan, filled: usize, prefill_len: usize) -> std::collections::VecDeque<Work> {
+    let mut work = std::collections::VecDeque::new();
+    let mut pos = filled;
+    for (pieces, seams) in runs(&plan.interior) {
+        let start = pieces[0].start;
+        let end = pieces[pieces.len() - 1].end();
+        if start < pos || end >= prefill_len {
+            continue; // never over the prefix, never the last token
+        }
+        if start > pos {
+            work.push_back(Work::Compute((pos..start).collect()));
+        }
+        work.push_back(Work::Place { pieces, seams });
+        pos = end;
+    }
+    work.push_back(Work::Compute((pos..prefill_len).collect()));
+    work
+}

@@ -1,0 +1,247 @@
+//! The scheduler: one thread owns the K/V pool, its block manager and every running sequence,
+//! and advances them together, one forward pass per step (continuous batching, as vLLM's and
+//! SGLang's schedulers do).
+//!
+//! Each step:
+//! 1. commands in (new requests, cancellations, reset, flush);
+//! 2. admission: requests whose blocks fit are planned (pool tree, store, interior), given their
+//!    blocks and their cached K/V, oldest first ([`admit`]);
+//! 3. one ragged batch: one row for each decoding sequence, then the next slice of each prefilling
+//!    one, up to the step's token budget (chunked prefill); reused runs are placed and repaired
+//!    when a prefill reaches them ([`place`]);
+//! 4. one forward pass; each sequence whose row produced logits samples, streams, and may stop
+//!    ([`step`]); finished sequences index their blocks, store their new chunks and free their
+//!    table.
+//!
+//! A sequence that needs a block when none can be had preempts the newest running sequence: its
+//! blocks are freed (what it had indexed stays resident) and it waits to be admitted again,
+//! keeping what it generated.
+
+mod admit;
+mod place;
+mod step;
+
+use crate::blocks::{BlockManager, Removed};
+use crate::engine::Shared;
+use crate::request::Event;
+use crate::result::PoolStats;
+use crate::sequence::Sequence;
+use crate::store_write::StoreWriter;
+use crate::EngineError;
+use crossbeam::channel::{Receiver, Sender};
+use kvb_model::{KvPool, ModelBackend};
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+/// What the engine asks of the scheduler thread.
+pub(crate) enum Command {
+    /// A new request.
+    Submit(Box<Sequence>),
+    /// Something changed (a cancel): look at the sequences again.
+    Wake,
+    /// Forget every resident block and every stored chunk.
+    Reset(Sender<Result<(), EngineError>>),
+    /// Write every resident exact block the store lacks to the store, and the store to disk.
+    Flush(Sender<Result<(), EngineError>>),
+    /// Answer once every earlier command is taken and the stats are published.
+    Sync(Sender<Result<(), EngineError>>),
+    /// Stop: fail what runs or waits, and end the thread.
+    Shutdown,
+}
+
+pub(crate) struct Scheduler<B: ModelBackend> {
+    shared: Arc<Shared<B>>,
+    pool: KvPool<B>,
+    blocks: BlockManager,
+    running: Vec<Sequence>,
+    waiting: VecDeque<Sequence>,
+    next_order: u64,
+    requests: u64,
+    preemptions: u64,
+    peak_used: usize,
+}
+
+impl<B: ModelBackend> Scheduler<B> {
+    pub fn new(shared: Arc<Shared<B>>, pool: KvPool<B>, max_blocks: usize) -> Self {
+        let block_size = pool.block_size();
+        Scheduler {
+            shared,
+            pool,
+            blocks: BlockManager::new(block_size, max_blocks),
+            running: Vec::new(),
+            waiting: VecDeque::new(),
+            next_order: 0,
+            requests: 0,
+            preemptions: 0,
+            peak_used: 0,
+        }
+    }
+
+    /// The thread's loop, until [`Command::Shutdown`] or until every engine handle is gone.
+    pub fn run(mut self, commands: Receiver<Command>) {
+        loop {
+            let idle = self.running.is_empty() && self.waiting.is_empty();
+            let first = if idle {
+                match commands.recv() {
+                    Ok(c) => Some(c),
+                    Err(_) => return self.shutdown(),
+                }
+            } else {
+                None
+            };
+            for command in first.into_iter().chain(commands.try_iter()) {
+                match command {
+                    Command::Submit(seq) => self.waiting.push_back(*seq),
+                    Command::Wake => {}
+                    Command::Reset(reply) => {
+                        let _ = reply.send(self.reset());
+                    }
+                    Command::Flush(reply) => {
+                        let _ = reply.send(self.flush());
+                    }
+                    Command::Sync(reply) => {
+                        self.drop_cancelled();
+                        self.publish();
+                        let _ = reply.send(Ok(()));
+                    }
+                    Command::Shutdown => return self.shutdown(),
+                }
+            }
+            self.drop_cancelled();
+            self.admit();
+            if !self.running.is_empty() {
+                self.step();
+            }
+            self.publish();
+        }
+    }
+
+    /// Fails every request still queued or running.
+    fn shutdown(mut self) {
+        for seq in self.running.drain(..).chain(self.waiting.drain(..)) {
+            seq.sink.state.finish();
+            seq.sink
+                .send(Event::Finished(Box::new(Err(EngineError::Stopped))));
+        }
+    }
+
+    /// Ends cancelled sequences: their blocks are freed at once.
+    fn drop_cancelled(&mut self) {
+        let cancelled = |s: &Sequence| s.sink.state.is_cancelled();
+        for seq in extract(&mut self.waiting, cancelled) {
+            self.end_failed(seq, EngineError::Cancelled);
+        }
+        let mut i = 0;
+        while i < self.running.len() {
+            if cancelled(&self.running[i]) {
+                let seq = self.running.remove(i);
+                self.end_failed(seq, EngineError::Cancelled);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Ends a sequence with an error, freeing its blocks.
+    fn end_failed(&mut self, seq: Sequence, error: EngineError) {
+        self.blocks.release(&seq.table);
+        self.requests += 1;
+        self.publish();
+        seq.sink.state.finish();
+        seq.sink.send(Event::Finished(Box::new(Err(error))));
+    }
+
+    /// Writes the exact paths the tree evicts that the store lacks (evicted blocks go to the
+    /// store's tiers instead of being lost).
+    fn write_back(
+        writer: &StoreWriter,
+        pool: &KvPool<B>,
+        shape: (usize, usize),
+        removed: &Removed,
+    ) {
+        if removed.approximate {
+            return;
+        }
+        // Best effort: the store refusing a chunk (its budget) only loses a cache entry.
+        let _ = writer.store_sequence(pool, &removed.path_blocks, &removed.path_tokens, shape);
+    }
+
+    fn writer(shared: &Shared<B>) -> StoreWriter<'_> {
+        StoreWriter {
+            store: &shared.store,
+            namespace: &shared.namespace,
+            chunking: &shared.chunking,
+            format: shared.config.kv_precision.format(),
+        }
+    }
+
+    fn reset(&mut self) -> Result<(), EngineError> {
+        self.blocks.clear(&mut |_| {});
+        self.shared.store.clear()?;
+        // Running sequences keep their blocks; they no longer extend tree paths.
+        for s in &mut self.running {
+            s.node = crate::blocks::ROOT;
+            s.indexed = 0;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), EngineError> {
+        let shared = self.shared.clone();
+        let writer = Self::writer(&shared);
+        let shape = self.pool.head_shape();
+        let mut result = Ok(());
+        // Every leaf's path covers its ancestors: storing the leaves stores everything.
+        let mut tree = self.blocks.tree().clone();
+        for r in tree.clear() {
+            if !r.approximate && result.is_ok() {
+                result = writer
+                    .store_sequence(&self.pool, &r.path_blocks, &r.path_tokens, shape)
+                    .map(|_| ());
+            }
+        }
+        result?;
+        Ok(self.shared.store.flush()?)
+    }
+
+    /// Updates the stats the engine reads (after each step, and before a request's last event,
+    /// so its caller sees the pool as the request left it).
+    pub(super) fn publish(&mut self) {
+        let a = self.blocks.allocator();
+        self.peak_used = self.peak_used.max(a.used());
+        let tree = self.blocks.tree();
+        let stats = PoolStats {
+            block_size: self.pool.block_size(),
+            block_bytes: self.pool.block_bytes(),
+            blocks_total: a.max_blocks(),
+            blocks_used: a.used(),
+            blocks_shared: a.shared(),
+            blocks_resident: tree.len(),
+            blocks_approximate: tree.approximate(),
+            peak_blocks_used: self.peak_used,
+            bytes_saved_by_sharing: a.extra_references() * self.pool.block_bytes(),
+            resident_sequences: tree.leaves(),
+            running: self.running.len(),
+            waiting: self.waiting.len(),
+            evictions: self.blocks.counters().evicted,
+            preemptions: self.preemptions,
+            requests: self.requests,
+        };
+        *self.shared.stats.lock().unwrap_or_else(|e| e.into_inner()) = stats;
+    }
+}
+
+/// Removes and returns the items of `queue` that `pick` selects, keeping the others in order.
+fn extract(queue: &mut VecDeque<Sequence>, pick: impl Fn(&Sequence) -> bool) -> Vec<Sequence> {
+    let mut out = Vec::new();
+    let mut keep = VecDeque::with_capacity(queue.len());
+    for s in queue.drain(..) {
+        if pick(&s) {
+            out.push(s);
+        } else {
+            keep.push_back(s);
+        }
+    }
+    *queue = keep;
+    out
+}

@@ -1,0 +1,352 @@
+//! One scheduler step: a ragged batch over every running sequence, one forward pass, then
+//! sampling, streaming, indexing, finishing.
+
+use super::Scheduler;
+use crate::blocks::ROOT;
+use crate::config::GenerationMode;
+use crate::request::Event;
+use crate::result::GenerationResult;
+use crate::sequence::{Sequence, Work};
+use crate::EngineError;
+use kvb_model::generate::logits_to_vec;
+use kvb_model::{ForwardBatch, LogitsFor, ModelBackend, SeqRows};
+use std::time::Instant;
+
+/// A sequence's rows in this step.
+struct Member {
+    /// Index into the running sequences.
+    seq: usize,
+    slots: Vec<usize>,
+    decode: bool,
+    /// Its last row's logits are sampled.
+    sample: bool,
+}
+
+impl<B: ModelBackend> Scheduler<B> {
+    /// Runs one step over the running sequences.
+    pub(super) fn step(&mut self) {
+        self.make_room_for_decoding();
+        let mut running = std::mem::take(&mut self.running);
+        let mut members: Vec<Member> = Vec::new();
+        let mut failed: Vec<(usize, EngineError)> = Vec::new();
+        let mut budget = self.shared.config.max_batch_tokens;
+        for (i, s) in running.iter().enumerate() {
+            if s.decoding() {
+                members.push(Member {
+                    seq: i,
+                    slots: vec![s.filled],
+                    decode: true,
+                    sample: true,
+                });
+                budget = budget.saturating_sub(1);
+            }
+        }
+        // Prefill slices, oldest first, within what the step has left (chunked prefill).
+        for (i, s) in running.iter_mut().enumerate() {
+            if s.decoding() {
+                continue;
+            }
+            while budget > 0 {
+                match s.work.pop_front() {
+                    Some(Work::Place { pieces, seams }) => {
+                        if let Err(e) = self.place(s, pieces, seams) {
+                            failed.push((i, e));
+                            break;
+                        }
+                    }
+                    Some(Work::Compute(mut slots)) => {
+                        let take = slots.len().min(budget);
+                        let rest = slots.split_off(take);
+                        if !rest.is_empty() {
+                            s.work.push_front(Work::Compute(rest));
+                        }
+                        budget -= take;
+                        if slots.is_empty() {
+                            continue;
+                        }
+                        let last = *slots.last().expect("not empty");
+                        s.stats.prefill_started.get_or_insert_with(Instant::now);
+                        members.push(Member {
+                            seq: i,
+                            sample: s.work.is_empty()
+                                && last + 1 == s.prefill_len
+                                && s.run.stop().is_none(),
+                            slots,
+                            decode: false,
+                        });
+                        break;
+                    }
+                    None => break,
+                }
+            }
+        }
+        let result = self.forward(&running, &members);
+        let mut done: Vec<usize> = Vec::new();
+        match result {
+            Err(e) => {
+                // A failed pass fails every sequence in it; the others go on.
+                let message = e.to_string();
+                for m in &members {
+                    failed.push((m.seq, EngineError::Internal(message.clone())));
+                }
+            }
+            Ok(logits) => {
+                let vocab = self.shared.model.config().vocab_size;
+                let mut row = 0;
+                for m in &members {
+                    let s = &mut running[m.seq];
+                    let last = *m.slots.last().expect("members have rows");
+                    s.filled = s.filled.max(last + 1);
+                    if !m.decode && s.work.is_empty() && s.filled >= s.prefill_len {
+                        if let Some(t0) = s.stats.prefill_started {
+                            s.stats.stages.live_prefill += t0.elapsed();
+                        }
+                    }
+                    if m.sample {
+                        let l = &logits[row * vocab..(row + 1) * vocab];
+                        row += 1;
+                        match self.sample(s, l) {
+                            Ok(true) => done.push(m.seq),
+                            Ok(false) => {}
+                            Err(e) => failed.push((m.seq, e)),
+                        }
+                    } else if !m.decode && s.decoding() && s.run.stop().is_some() {
+                        // Prefill only (a warm request): done once the prompt is in.
+                        done.push(m.seq);
+                    }
+                }
+            }
+        }
+        for s in running.iter_mut() {
+            self.index_blocks(s, false);
+        }
+        // End what finished or failed, highest index first so indices stay valid.
+        let mut ends: Vec<(usize, Option<EngineError>)> =
+            done.into_iter().map(|i| (i, None)).collect();
+        ends.extend(failed.into_iter().map(|(i, e)| (i, Some(e))));
+        ends.sort_by_key(|e| std::cmp::Reverse(e.0));
+        ends.dedup_by_key(|e| e.0);
+        for (i, error) in ends {
+            let seq = running.remove(i);
+            match error {
+                None => self.finish(seq),
+                Some(e) => self.end_failed(seq, e),
+            }
+        }
+        self.running = running;
+    }
+
+    /// The forward pass of a step; returns the sampled rows' logits, row after row.
+    fn forward(
+        &mut self,
+        running: &[Sequence],
+        members: &[Member],
+    ) -> Result<Vec<f32>, EngineError> {
+        if members.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut tokens = Vec::new();
+        let mut positions = Vec::new();
+        let mut rows = Vec::new();
+        let mut sampled = Vec::new();
+        for m in members {
+            let s = &running[m.seq];
+            tokens.extend(m.slots.iter().map(|&slot| s.tokens[slot]));
+            positions.extend(m.slots.iter().copied());
+            rows.push(SeqRows {
+                blocks: &s.table,
+                slots: &m.slots,
+                decode: m.decode,
+            });
+            if m.sample {
+                sampled.push(tokens.len() - 1);
+            }
+        }
+        let batch = ForwardBatch {
+            tokens: &tokens,
+            positions: &positions,
+            seqs: &rows,
+        };
+        let logits = if sampled.is_empty() {
+            LogitsFor::Nothing
+        } else {
+            LogitsFor::Rows(sampled)
+        };
+        let shared = self.shared.clone();
+        // A panic inside a kernel must not take the engine down: it fails this step's sequences.
+        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            shared.model.forward_batch(&batch, &mut self.pool, logits)
+        }))
+        .map_err(|_| EngineError::Internal("the forward pass panicked".into()))??;
+        Ok(logits_to_vec(out)?)
+    }
+
+    /// Samples the next token of `s` from `logits`, streams it; returns whether `s` is done.
+    fn sample(&mut self, s: &mut Sequence, logits: &[f32]) -> Result<bool, EngineError> {
+        let max = self.shared.model.config().max_position_embeddings;
+        let first = s.stats.first_token_at.is_none();
+        let step = s
+            .run
+            .step(&self.shared.tokenizer, logits, s.tokens.len(), max)?;
+        if first {
+            s.stats.first_token_at = Some(Instant::now());
+            s.stats.first_logits = logits.to_vec();
+        }
+        s.tokens.push(step.token);
+        s.sink.send(Event::Token {
+            token: step.token,
+            text: step.text,
+        });
+        Ok(step.stop.is_some())
+    }
+
+    /// Gives every decoding sequence the block its next token needs, preempting the newest
+    /// sequences (theirs freed, they wait to be admitted again) when none can be had.
+    fn make_room_for_decoding(&mut self) {
+        let bs = self.blocks.block_size();
+        let mut i = 0;
+        while i < self.running.len() {
+            let s = &self.running[i];
+            if !(s.decoding() && s.filled / bs >= s.table.len()) {
+                i += 1;
+                continue;
+            }
+            match self.allocate(1) {
+                Some(b) => {
+                    self.running[i].table.extend(b);
+                    i += 1;
+                }
+                None => {
+                    let newest = (0..self.running.len())
+                        .max_by_key(|&j| self.running[j].order)
+                        .expect("a sequence runs");
+                    let mut victim = self.running.remove(newest);
+                    self.index_blocks(&mut victim, false);
+                    self.blocks.release(&victim.table);
+                    victim.reset_for_readmission();
+                    self.preemptions += 1;
+                    self.waiting.push_front(victim);
+                    if newest < i {
+                        i -= 1;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Indexes the sequence's final full blocks in the radix tree (and with `finish`, its last
+    /// partial one), so other requests read them.
+    pub(super) fn index_blocks(&mut self, s: &mut Sequence, finish: bool) {
+        let config = &self.shared.config;
+        if s.options.mode == GenerationMode::Baseline || !config.keep_resident {
+            return;
+        }
+        let bs = self.blocks.block_size();
+        let mut limit = s.final_until().min(s.cacheable_until());
+        if !config.reuse_repaired {
+            limit = limit.min(s.exact_until);
+        }
+        while s.indexed * bs < limit && s.indexed < s.table.len() {
+            let from = s.indexed * bs;
+            let to = (from + bs).min(limit);
+            if to - from < bs && !finish {
+                break;
+            }
+            let approximate = to > s.exact_until;
+            let mut block = s.table[s.indexed];
+            let node = self
+                .blocks
+                .index(s.node, &s.tokens[from..to], &mut block, approximate);
+            s.table[s.indexed] = block;
+            match node {
+                Some(n) => s.node = n,
+                None if !self.blocks.tree().contains(s.node) => {
+                    // The tree was reset under the sequence: index it again from the root.
+                    s.node = ROOT;
+                    s.indexed = 0;
+                    continue;
+                }
+                None => break,
+            }
+            if to - from < bs {
+                break;
+            }
+            s.indexed += 1;
+        }
+    }
+
+    /// Ends a sequence that generated what it should: indexes its blocks, stores its new exact
+    /// chunks, frees its table and sends its result.
+    fn finish(&mut self, mut s: Sequence) {
+        let rest = s.run.finish();
+        if !rest.is_empty() {
+            let token = *s.run.tokens().last().unwrap_or(&0);
+            s.sink.send(Event::Token { token, text: rest });
+        }
+        self.index_blocks(&mut s, true);
+        let t = Instant::now();
+        if s.options.mode != GenerationMode::Baseline {
+            let exact = s.filled.min(s.exact_until).min(s.cacheable_until());
+            let shared = self.shared.clone();
+            let writer = Self::writer(&shared);
+            match writer.store_sequence(
+                &self.pool,
+                &s.table,
+                &s.tokens[..exact],
+                self.pool.head_shape(),
+            ) {
+                Ok((chunks, bytes)) => {
+                    s.stats.stored_chunks = chunks;
+                    s.stats.stored_bytes = bytes;
+                }
+                Err(e) => return self.end_failed(s, e),
+            }
+        }
+        s.stats.stages.store = t.elapsed();
+        self.blocks.release(&s.table);
+        self.requests += 1;
+        let result = result_of(&mut s);
+        self.publish();
+        s.sink.state.finish();
+        s.sink.send(Event::Finished(Box::new(Ok(result))));
+    }
+}
+
+fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// The result a finished sequence reports.
+fn result_of(s: &mut Sequence) -> GenerationResult {
+    let now = Instant::now();
+    let st = &mut s.stats;
+    let first = st.first_token_at;
+    st.stages.decode = first.map_or(Default::default(), |f| {
+        now.duration_since(f).saturating_sub(st.stages.store)
+    });
+    let steps = s.run.tokens().len().saturating_sub(1);
+    let cached = st.cached.total().min(s.prompt_len);
+    GenerationResult {
+        output_text: s.run.text().to_string(),
+        token_ids: s.run.tokens().to_vec(),
+        ttft_ms: ms(first.unwrap_or(now).duration_since(s.arrival)),
+        total_ms: ms(now.duration_since(s.arrival)),
+        tokens_per_sec: if steps == 0 || st.stages.decode.is_zero() {
+            0.0
+        } else {
+            steps as f64 / st.stages.decode.as_secs_f64()
+        },
+        kv_reuse_ratio: cached as f64 / s.prompt_len as f64,
+        prompt_tokens: s.prompt_len,
+        cached_tokens: cached,
+        cached: st.cached,
+        recomputed_tokens: st.recomputed,
+        exact_chunks: st.exact_chunks,
+        approximate_chunks: st.approximate_chunks,
+        preemptions: st.preemptions,
+        stored_chunks: st.stored_chunks,
+        stored_bytes: st.stored_bytes,
+        stages: st.stages.clone(),
+        first_logits: std::mem::take(&mut st.first_logits),
+    }
+}

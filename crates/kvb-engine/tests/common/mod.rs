@@ -1,0 +1,63 @@
+//! Helpers shared by kvb-engine's tests on the tiny reference models (no download).
+#![allow(dead_code)]
+
+use kvb_engine::{Engine, EngineConfig, GenerateOptions, GenerationMode};
+use kvb_model::backends::Cpu;
+use std::path::PathBuf;
+
+/// Every tiny reference family in `fixtures/tiny/`.
+pub const FAMILIES: [&str; 6] = [
+    "llama",
+    "llama-rope-llama3",
+    "qwen2",
+    "mistral",
+    "gemma",
+    "phi3",
+];
+
+pub fn tiny(family: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/tiny")
+        .join(family)
+}
+
+/// Small chunks and blocks, so short prompts cross many of both.
+pub fn config() -> EngineConfig {
+    EngineConfig {
+        chunk_size: 8,
+        min_tail: 2,
+        block_size: 4,
+        max_pool_bytes: Some(64 << 20),
+        ..EngineConfig::new(64 << 20)
+    }
+}
+
+pub fn engine(family: &str, config: EngineConfig) -> Engine<Cpu> {
+    Engine::from_pretrained(&tiny(family), config, &Default::default()).unwrap()
+}
+
+pub fn opts(mode: GenerationMode, max_new_tokens: usize) -> GenerateOptions {
+    GenerateOptions {
+        mode,
+        max_new_tokens,
+        ..Default::default()
+    }
+}
+
+/// A deterministic prompt of `n` tokens from a seed (ids 3..503).
+pub fn prompt(seed: u32, n: usize) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| (seed * 97 + i * 31 + i * i * 7) % 500 + 3)
+        .collect()
+}
+
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+pub fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
