@@ -23,6 +23,8 @@ commands:
                 (selective, cacheblend, int8); tables, JSON and SVG plots in bench/results/<date>/,
                 and the README's results section. Options: --quick (a smoke run, < 5 min),
                 --reps N (default 3), --model PATH (a tiny model gets cut-down workloads), --out DIR
+  bench concurrency  only the concurrency workload: 1, 4 and 16 clients (8-turn chats behind one
+                ~1,000-token system prompt) at once; output tokens/s, TTFT, pool memory
   bench model   prefill/decode speed of the default model vs the machine's matmul rate
   bench cache   key hashing, KIVI quantize/dequantize, store lookups (100k chunks), disk tier";
 
@@ -170,6 +172,7 @@ fn bench(args: &[String]) -> Result<()> {
         ])),
         // Criterion benches of the cache crates, with short measurement windows: medians of
         // ~2 s of samples each are stable enough to compare, and the whole run stays near 2 min.
+        Some("concurrency") => bench::run_concurrency_only(&args[1..], &kvb_binary()?),
         Some("cache") => run(cargo().args([
             "bench",
             "-p",

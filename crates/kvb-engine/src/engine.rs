@@ -379,8 +379,8 @@ fn check_config(c: &EngineConfig) -> Result<(), EngineError> {
             c.block_size
         ));
     }
-    if c.max_batch_tokens == 0 {
-        return bad("max_batch_tokens must be at least 1".into());
+    if c.max_batch_tokens == 0 || c.prefill_tokens_while_decoding == 0 {
+        return bad("max_batch_tokens and prefill_tokens_while_decoding must be at least 1".into());
     }
     if c.max_running == 0 {
         return bad("max_running must be at least 1".into());

@@ -46,6 +46,7 @@ pub(crate) struct SeqStats {
     pub stages: StageTimes,
     pub first_logits: Vec<f32>,
     pub first_token_at: Option<Instant>,
+    pub last_token_at: Option<Instant>,
     pub prefill_started: Option<Instant>,
 }
 

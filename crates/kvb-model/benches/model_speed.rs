@@ -8,7 +8,10 @@ use burn::tensor::{Distribution, Tensor};
 use kvb_model::backends::Cpu;
 use kvb_model::fetch::{ensure_default_model, models_dir_in};
 use kvb_model::generate::{decode, logits_to_vec, GenerateParams};
-use kvb_model::{load_pretrained, LoadOptions, LogitsFor, ModelConfig};
+use kvb_model::{
+    load_pretrained, ForwardBatch, HostKv, KvPool, LoadOptions, LogitsFor, Model, ModelConfig,
+    SeqRows,
+};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -181,4 +184,92 @@ fn main() {
     let step = median(runs).as_secs_f64();
     println!();
     println!("decode after a 128-token prompt: {:.1} ms/token, {:.1} tokens/s (median of 3 runs of 64 steps)", step * 1e3, 1.0 / step);
+
+    batched_decode(&m.model);
+}
+
+/// One decode step of `batch` sequences that share a `shared`-token prefix (one copy of its
+/// blocks) and each hold `own` tokens of their own: milliseconds per step, median of 5. The K/V
+/// is filled with arbitrary values (attention costs the same whatever they are).
+fn decode_step(model: &Model<Cpu>, batch: usize, shared: usize, own: usize) -> f64 {
+    let c = model.config();
+    let bs = 32;
+    let (h, d) = (c.num_kv_heads, c.head_dim);
+    let blocks_of = |n: usize| n.div_ceil(bs);
+    let shared_blocks = shared / bs;
+    let per_seq = blocks_of(shared + own + 1) - shared_blocks;
+    let total = shared_blocks + batch * per_seq;
+    let mut pool =
+        KvPool::<Cpu>::new(c.num_layers, (h, d), bs, total, &Default::default()).expect("pool");
+    let fill: Vec<f32> = (0..h * total * bs * d)
+        .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+        .collect();
+    let all: Vec<usize> = (0..total * bs).collect();
+    for l in 0..c.num_layers {
+        pool.write_host(
+            l,
+            &all,
+            HostKv::all(&fill, total * bs),
+            HostKv::all(&fill, total * bs),
+        )
+        .expect("fill");
+    }
+    let tables: Vec<Vec<u32>> = (0..batch)
+        .map(|b| {
+            (0..shared_blocks as u32)
+                .chain((0..per_seq).map(|i| (shared_blocks + b * per_seq + i) as u32))
+                .collect()
+        })
+        .collect();
+    let slot = shared + own;
+    let slots = vec![slot];
+    let tokens: Vec<u32> = (0..batch as u32).map(|b| 100 + b).collect();
+    let positions = vec![slot; batch];
+    let runs: Vec<Duration> = (0..5)
+        .map(|_| {
+            let seqs: Vec<SeqRows> = tables
+                .iter()
+                .map(|t| SeqRows {
+                    blocks: t,
+                    slots: &slots,
+                    decode: true,
+                })
+                .collect();
+            let batch_in = ForwardBatch {
+                tokens: &tokens,
+                positions: &positions,
+                seqs: &seqs,
+            };
+            let t = Instant::now();
+            let out = model
+                .forward_batch(&batch_in, &mut pool, LogitsFor::All)
+                .expect("step");
+            let _ = logits_to_vec(out).expect("logits");
+            t.elapsed()
+        })
+        .collect();
+    median(runs).as_secs_f64() * 1e3
+}
+
+/// Decode steps of several sequences at once (continuous batching): the weights are read once
+/// per step for every row, and a shared prefix's blocks once for every sequence reading them.
+fn batched_decode(model: &Model<Cpu>) {
+    println!();
+    println!("| sequences | shared prefix | own tokens each | step | tokens/s | vs one sequence |");
+    println!("|---:|---:|---:|---:|---:|---:|");
+    for (shared, own) in [(0usize, 32usize), (1024, 128), (1024, 1024)] {
+        let one = decode_step(model, 1, shared, own);
+        for batch in [1usize, 4, 16] {
+            let ms = if batch == 1 {
+                one
+            } else {
+                decode_step(model, batch, shared, own)
+            };
+            println!(
+                "| {batch} | {shared} | {own} | {ms:.1} ms | {:.1} | {:.1}x |",
+                batch as f64 * 1e3 / ms,
+                batch as f64 * one / ms
+            );
+        }
+    }
 }

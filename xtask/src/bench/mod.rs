@@ -3,6 +3,7 @@
 //! repetition starts cold and each variant's peak memory is its own), then reduces the results to
 //! medians and writes tables, JSON and plots under `bench/results/<date>/`.
 
+mod concurrency;
 mod plots;
 mod report;
 mod results;
@@ -23,7 +24,7 @@ pub struct Variant {
 }
 
 /// Every variant, Baseline first (the reference for speedup and agreement).
-pub const VARIANTS: [Variant; 5] = [
+pub const VARIANTS: [Variant; 6] = [
     Variant {
         name: "Baseline",
         flags: &["--mode", "baseline"],
@@ -32,26 +33,26 @@ pub const VARIANTS: [Variant; 5] = [
         name: "PrefixCache",
         flags: &["--mode", "prefix"],
     },
+    // The default: blocks stay resident in the pool; moved documents repaired by CacheBlend.
+    Variant {
+        name: "ChunkReuse",
+        flags: &["--mode", "chunk-reuse"],
+    },
     Variant {
         name: "ChunkReuse selective",
         flags: &["--mode", "chunk-reuse", "--recompute-strategy", "selective"],
     },
+    // Nothing stays resident: every hit is read back from the chunk store's RAM tier.
     Variant {
-        name: "ChunkReuse cacheblend",
-        flags: &[
-            "--mode",
-            "chunk-reuse",
-            "--recompute-strategy",
-            "cacheblend",
-        ],
+        name: "ChunkReuse store",
+        flags: &["--mode", "chunk-reuse", "--no-resident"],
     },
     Variant {
-        name: "ChunkReuse selective int8",
+        name: "ChunkReuse store int8",
         flags: &[
             "--mode",
             "chunk-reuse",
-            "--recompute-strategy",
-            "selective",
+            "--no-resident",
             "--kv-precision",
             "int8",
         ],
@@ -119,31 +120,113 @@ fn today() -> String {
     format!("{year:04}-{month:02}-{day:02}")
 }
 
-/// Runs the benchmark with the `kvb` binary at `kvb`.
-pub fn run(args: &[String], kvb: &Path) -> Result<()> {
-    let o = parse(args)?;
+/// How big the workloads are for these options and model.
+fn size_of(o: &Options) -> Size {
     let context = o.model.as_deref().and_then(context_length);
-    let size = match context {
+    match context {
         // A tiny test model: the same workloads, cut down to fit its context.
         Some(c) if c < 4096 => Size {
             text: 0.015,
             turns: 4,
             max_new_tokens: 4,
             chatml: false,
+            concurrency_new_tokens: 8,
         },
         _ if o.quick => Size {
             text: 0.5,
             turns: 8,
             max_new_tokens: 8,
             chatml: true,
+            concurrency_new_tokens: 32,
         },
         _ => Size {
             text: 1.0,
             turns: 8,
             max_new_tokens: 16,
             chatml: true,
+            concurrency_new_tokens: 64,
         },
-    };
+    }
+}
+
+/// Replays the concurrency workload at 1, 4 and 16 clients, `o.reps` times each, and reduces each
+/// client count to medians.
+fn run_concurrency(
+    o: &Options,
+    kvb: &Path,
+    size: &Size,
+    raw: &Path,
+) -> Result<Vec<concurrency::ConcurrencyResult>> {
+    let mut out = Vec::new();
+    for clients in concurrency::CLIENTS {
+        let requests = raw.join(format!("concurrency-{clients}.jsonl"));
+        let text = concurrency::requests(Path::new("bench/corpus"), size, clients)?;
+        std::fs::write(&requests, text)
+            .with_context(|| format!("writing {}", requests.display()))?;
+        let mut runs = Vec::new();
+        for rep in 0..o.reps {
+            eprintln!(
+                "bench: concurrency, {clients} clients, repetition {}/{}",
+                rep + 1,
+                o.reps
+            );
+            let lines = raw.join(format!("concurrency-{clients}-rep{rep}.jsonl"));
+            let summary = raw.join(format!("concurrency-{clients}-rep{rep}.summary.json"));
+            let mut cmd = std::process::Command::new(kvb);
+            cmd.arg("replay")
+                .arg("--requests")
+                .arg(&requests)
+                .arg("--out")
+                .arg(&lines)
+                .arg("--summary")
+                .arg(&summary);
+            if let Some(m) = &o.model {
+                cmd.arg("--model").arg(m);
+            }
+            crate::run(&mut cmd)?;
+            let text = std::fs::read_to_string(&summary)
+                .with_context(|| format!("reading {}", summary.display()))?;
+            runs.push(
+                serde_json::from_str(&text)
+                    .with_context(|| format!("parsing {}", summary.display()))?,
+            );
+        }
+        out.push(concurrency::reduce(clients, &runs));
+    }
+    Ok(out)
+}
+
+/// `cargo xtask bench concurrency`: only the concurrency workload, its table printed.
+pub fn run_concurrency_only(args: &[String], kvb: &Path) -> Result<()> {
+    let o = parse(args)?;
+    let size = size_of(&o);
+    let out = o
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("bench/results").join(format!("{}-concurrency", today())));
+    let raw = out.join("raw");
+    std::fs::create_dir_all(&raw).with_context(|| format!("creating {}", raw.display()))?;
+    let results = run_concurrency(&o, kvb, &size, &raw)?;
+    let mut md = concurrency::markdown(&results);
+    for (what, goal, measured, met) in concurrency::targets(&results) {
+        md += &format!(
+            "\n{what}: goal {goal}, measured {measured}: {}",
+            if met { "met" } else { "not met" }
+        );
+    }
+    std::fs::write(out.join("README.md"), &md)?;
+    std::fs::write(
+        out.join("concurrency.json"),
+        serde_json::to_string_pretty(&results)?,
+    )?;
+    println!("{md}");
+    Ok(())
+}
+
+/// Runs the benchmark with the `kvb` binary at `kvb`.
+pub fn run(args: &[String], kvb: &Path) -> Result<()> {
+    let o = parse(args)?;
+    let size = size_of(&o);
     let date = today();
     let out = o.out.clone().unwrap_or_else(|| {
         PathBuf::from("bench/results").join(if o.quick {
@@ -195,6 +278,7 @@ pub fn run(args: &[String], kvb: &Path) -> Result<()> {
             runs.entry(v.name.to_string()).or_default().push(lines);
         }
     }
+    let concurrency = run_concurrency(&o, kvb, &size, &raw)?;
     let reduced = results::reduce(&runs, VARIANTS[0].name)?;
     let meta = report::Meta {
         date,
@@ -210,7 +294,7 @@ pub fn run(args: &[String], kvb: &Path) -> Result<()> {
             .map(|n| n.get())
             .unwrap_or(1),
     };
-    let report = report::build(&meta, &all, &reduced, &peak)?;
+    let report = report::build(&meta, &all, &reduced, &peak, concurrency)?;
     report::write(&out, &report)?;
     plots::draw_all(&out, &report)?;
     eprintln!("bench: results in {}", out.display());
@@ -251,8 +335,27 @@ pub fn check_output(dir: &Path) -> Result<()> {
             }
         }
     }
+    let concurrency = v["concurrency"]
+        .as_array()
+        .context("results.json: no concurrency results")?;
+    if concurrency.len() != concurrency::CLIENTS.len() {
+        bail!(
+            "results.json: {} client counts, expected {}",
+            concurrency.len(),
+            concurrency::CLIENTS.len()
+        );
+    }
+    for c in concurrency {
+        let ok = |f: &str| c[f].as_f64().is_some_and(|x| x.is_finite() && x > 0.0);
+        if !(ok("output_tokens_per_sec") && ok("decode_tokens_per_sec") && ok("pool_peak_mib"))
+            || c["failed"] != 0
+        {
+            bail!("concurrency results incomplete or failed: {c}");
+        }
+    }
     let md = std::fs::read_to_string(dir.join("README.md")).context("reading the report")?;
-    if !md.contains("## Targets") || !md.contains("| workload |") {
+    if !md.contains("## Targets") || !md.contains("| workload |") || !md.contains("## Concurrency")
+    {
         bail!("the markdown report lacks its tables");
     }
     for plot in [
@@ -260,6 +363,7 @@ pub fn check_output(dir: &Path) -> Result<()> {
         "ttft_vs_length.svg",
         "speedup.svg",
         "stages.svg",
+        "concurrency.svg",
     ] {
         let svg =
             std::fs::read_to_string(dir.join(plot)).with_context(|| format!("reading {plot}"))?;

@@ -8,12 +8,13 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use std::path::Path;
 
-const COLORS: [RGBColor; 5] = [
+const COLORS: [RGBColor; 6] = [
     RGBColor(90, 90, 90),
     RGBColor(31, 119, 180),
     RGBColor(44, 160, 44),
     RGBColor(214, 39, 40),
     RGBColor(148, 103, 189),
+    RGBColor(255, 127, 14),
 ];
 
 fn color(i: usize) -> RGBColor {
@@ -73,13 +74,79 @@ fn workload_chart<'a, 'b>(
     Ok(chart)
 }
 
+/// A chart of numbers against numbers: `x` and `y` are each a range and its axis name.
+fn xy_chart<'a, 'b>(
+    root: &'a DrawingArea<SVGBackend<'b>, Shift>,
+    caption: &str,
+    x: (std::ops::Range<f64>, &str),
+    y: (std::ops::Range<f64>, &str),
+) -> Result<Chart<'a, 'b>> {
+    root.fill(&WHITE).map_err(err)?;
+    let mut chart = ChartBuilder::on(root)
+        .caption(caption, ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(x.0, y.0)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc(x.1)
+        .y_desc(y.1)
+        .draw()
+        .map_err(err)?;
+    Ok(chart)
+}
+
 /// Draws every plot into `dir`.
 pub fn draw_all(dir: &Path, r: &Report) -> Result<()> {
     conversation(&dir.join("conversation_ttft.svg"), r)?;
     ttft_vs_length(&dir.join("ttft_vs_length.svg"), r)?;
     speedup(&dir.join("speedup.svg"), r)?;
     stages(&dir.join("stages.svg"), r)?;
+    concurrency(&dir.join("concurrency.svg"), r)?;
     Ok(())
+}
+
+/// Tokens per second against the number of concurrent clients: output over the whole run, and
+/// the clients' decode rate.
+fn concurrency(path: &Path, r: &Report) -> Result<()> {
+    let c = &r.concurrency;
+    if c.is_empty() {
+        return Ok(());
+    }
+    let x_max = c.iter().map(|x| x.clients).max().unwrap_or(1) as f64 * 1.1;
+    let y_max = c
+        .iter()
+        .map(|x| x.output_tokens_per_sec.max(x.decode_tokens_per_sec))
+        .fold(1.0, f64::max)
+        * 1.15;
+    let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
+    let mut chart = xy_chart(
+        &root,
+        "Concurrent chats: tokens per second",
+        (0f64..x_max, "concurrent clients"),
+        (0f64..y_max, "tokens/s"),
+    )?;
+    type Metric = fn(&super::concurrency::ConcurrencyResult) -> f64;
+    let series: [(&str, Metric); 2] = [
+        ("output (whole run)", |x| x.output_tokens_per_sec),
+        ("decode (all clients)", |x| x.decode_tokens_per_sec),
+    ];
+    for (i, (name, f)) in series.into_iter().enumerate() {
+        let points: Vec<(f64, f64)> = c.iter().map(|x| (x.clients as f64, f(x))).collect();
+        let col = color(i + 1);
+        chart
+            .draw_series(LineSeries::new(points.clone(), col.stroke_width(2)))
+            .map_err(err)?
+            .label(name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], col.stroke_width(2)));
+        chart
+            .draw_series(points.into_iter().map(|p| Circle::new(p, 4, col.filled())))
+            .map_err(err)?;
+    }
+    legend(&mut chart)?;
+    root.present().map_err(err)
 }
 
 /// TTFT per turn of the conversation, one line per variant.
@@ -95,20 +162,12 @@ fn conversation(path: &Path, r: &Report) -> Result<()> {
         .fold(1.0f64, f64::max)
         * 1.1;
     let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption("Conversation: TTFT per turn", ("sans-serif", 22))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0.5f64..turns as f64 + 0.5, 0f64..y_max)
-        .map_err(err)?;
-    chart
-        .configure_mesh()
-        .x_desc("turn")
-        .y_desc("TTFT (ms)")
-        .draw()
-        .map_err(err)?;
+    let mut chart = xy_chart(
+        &root,
+        "Conversation: TTFT per turn",
+        (0.5f64..turns as f64 + 0.5, "turn"),
+        (0f64..y_max, "TTFT (ms)"),
+    )?;
     for (i, v) in r.variants.iter().enumerate() {
         let points: Vec<(f64, f64)> = w
             .requests
@@ -167,20 +226,12 @@ fn ttft_vs_length(path: &Path, r: &Report) -> Result<()> {
         .fold(1.0, f64::max)
         * 1.1;
     let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption("TTFT vs prompt length", ("sans-serif", 22))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0f64..x_max, 0f64..y_max)
-        .map_err(err)?;
-    chart
-        .configure_mesh()
-        .x_desc("prompt tokens")
-        .y_desc("TTFT (ms)")
-        .draw()
-        .map_err(err)?;
+    let mut chart = xy_chart(
+        &root,
+        "TTFT vs prompt length",
+        (0f64..x_max, "prompt tokens"),
+        (0f64..y_max, "TTFT (ms)"),
+    )?;
     for (i, (name, pts)) in series.iter().enumerate() {
         let c = color(if i == 0 { 0 } else { 2 });
         let label = if i == 0 {

@@ -44,6 +44,9 @@ pub struct Size {
     /// Chat markup: ChatML (what the default model was trained on) or a terse plain form for
     /// tiny models with a short context.
     pub chatml: bool,
+    /// Tokens generated per turn of the concurrency workload (answers long enough that decoding
+    /// is most of a chat's work, as in a chat service).
+    pub concurrency_new_tokens: usize,
 }
 
 #[derive(Deserialize)]
@@ -59,7 +62,7 @@ struct Turn {
 }
 
 /// The first `fraction` of `text`'s words (at least three), whitespace kept inside lines.
-fn cut(text: &str, fraction: f64) -> String {
+pub(crate) fn cut(text: &str, fraction: f64) -> String {
     if fraction >= 1.0 {
         return text.trim().to_string();
     }
@@ -98,6 +101,26 @@ impl<'a> Chat<'a> {
         } else {
             self.text + "a:"
         }
+    }
+}
+
+/// A chat prompt of `messages` (role, text), ending where the assistant's answer begins.
+pub(crate) fn chat_prompt(size: &Size, messages: &[(&str, String)]) -> String {
+    messages
+        .iter()
+        .fold(Chat::new(size), |chat, (role, text)| {
+            chat.message(role, text)
+        })
+        .prompt()
+}
+
+/// What follows the model's answer when a chat continues: the end of the assistant's turn, a new
+/// user message, and the start of the next answer.
+pub(crate) fn chat_continuation(size: &Size, user: &str) -> String {
+    if size.chatml {
+        format!("<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n")
+    } else {
+        format!("\nu: {user}\na:")
     }
 }
 

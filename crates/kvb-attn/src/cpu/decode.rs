@@ -12,6 +12,7 @@
 //! are merged in order. A row's arithmetic depends only on its query, its blocks and the segment
 //! grid, never on which other rows share the step (batch invariance).
 
+use super::decode_math::{DecodeMath, Heads, Portable};
 use super::view::View;
 use crate::fastmath::fast_exp;
 use rayon::prelude::*;
@@ -33,25 +34,6 @@ pub(crate) struct Pool {
     pub k: View<3>,
     pub v: View<3>,
     pub block_size: usize,
-}
-
-/// `q . k` in 8 lanes, summed in a fixed order (so every caller gets the same bits).
-#[inline(always)]
-fn dot(q: &[f32], k: &[f32]) -> f32 {
-    let mut lanes = [0f32; 8];
-    let mut qc = q.chunks_exact(8);
-    let mut kc = k.chunks_exact(8);
-    for (a, b) in (&mut qc).zip(&mut kc) {
-        for l in 0..8 {
-            lanes[l] += a[l] * b[l];
-        }
-    }
-    let mut s = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5]))
-        + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
-    for (a, b) in qc.remainder().iter().zip(kc.remainder()) {
-        s += a * b;
-    }
-    s
 }
 
 /// Calls `each(first key, keys, physical slot, readers)` for every run of keys of tile
@@ -93,7 +75,7 @@ fn for_each_block(
 /// values are accumulated. The softmax advances tile by tile, so a row's arithmetic does not
 /// depend on the block size.
 #[inline(always)]
-fn segment(
+fn segment<M: DecodeMath>(
     q: View<4>,
     pool: &Pool,
     rows: &[DecodeRow],
@@ -128,13 +110,13 @@ fn segment(
                 let keys = key_rows(physical, len, &pool.k);
                 for &(_, r) in readers {
                     let visible = (rows[r].last + 1 - key).min(len);
-                    for g in 0..group {
-                        let qv = query(rows[r].row, g);
-                        let out = &mut scores[(r * group + g) * TILE + key - t0..];
-                        for (j, s) in out[..visible].iter_mut().enumerate() {
-                            *s = dot(qv, &keys[j * d..(j + 1) * d]) * scale;
-                        }
-                    }
+                    let heads = Heads {
+                        ptr: query(rows[r].row, 0).as_ptr(),
+                        stride: q.strides[1],
+                        count: group,
+                    };
+                    let out = &mut scores[r * group * TILE + key - t0..];
+                    M::scores_group(heads, keys, d, scale, out, TILE, visible);
                 }
             },
         );
@@ -159,11 +141,11 @@ fn segment(
                 if rescale != 1.0 {
                     state[..d].iter_mut().for_each(|a| *a *= rescale);
                 }
-                let mut sum = 0f32;
+                // Exponentials in a loop of their own (it vectorises), then their sum in key order.
                 for s in tile_scores.iter_mut() {
                     *s = fast_exp(*s - new_max);
-                    sum += *s;
                 }
+                let sum = tile_scores.iter().fold(0f32, |acc, &p| acc + p);
                 state[d + 1] = state[d + 1] * rescale + sum;
                 state[d] = new_max;
             }
@@ -177,34 +159,14 @@ fn segment(
                 let values = key_rows(physical, len, &pool.v);
                 for &(_, r) in readers {
                     let visible = (rows[r].last + 1 - key).min(len);
-                    for g in 0..group {
-                        let p = &scores[(r * group + g) * TILE + key - t0..][..visible];
-                        let acc = &mut states[(r * group + g) * width..][..d];
-                        for (j, &pj) in p.iter().enumerate() {
-                            for (a, &v) in acc.iter_mut().zip(&values[j * d..(j + 1) * d]) {
-                                *a += pj * v;
-                            }
-                        }
-                    }
+                    let p = &scores[r * group * TILE + key - t0..];
+                    let acc = &mut states[r * group * width..];
+                    M::accumulate_group(acc, width, p, TILE, group, values, d, visible);
                 }
             },
         );
     }
     states
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn segment_avx2(
-    q: View<4>,
-    pool: &Pool,
-    rows: &[DecodeRow],
-    shape: (usize, usize, usize),
-    tiles: std::ops::Range<usize>,
-    scale: f32,
-) -> Vec<f32> {
-    segment(q, pool, rows, shape, tiles, scale)
 }
 
 /// Runs the decode rows, writing each row's heads into `out` (`[rows, q_heads, d]`, row-major).
@@ -227,8 +189,9 @@ pub(crate) fn decode_attention(
     let per_segment = SEGMENT_KEYS / TILE;
     let segments = max_tiles.div_ceil(per_segment);
     #[cfg(target_arch = "x86_64")]
-    let avx2 =
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
+    let avx2 = d % 8 == 0
+        && std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma");
     let tasks: Vec<(usize, usize)> = (0..kv_heads)
         .flat_map(|kh| (0..segments).map(move |s| (kh, s)))
         .collect();
@@ -239,10 +202,9 @@ pub(crate) fn decode_attention(
             let shape = (kh, group, d);
             #[cfg(target_arch = "x86_64")]
             if avx2 {
-                // SAFETY: the CPU has AVX2 and FMA (checked above).
-                return unsafe { segment_avx2(q, pool, rows, shape, tiles, scale) };
+                return segment::<super::decode_math::Avx2>(q, pool, rows, shape, tiles, scale);
             }
-            segment(q, pool, rows, shape, tiles, scale)
+            segment::<Portable>(q, pool, rows, shape, tiles, scale)
         })
         .collect();
     // Merge the segments of each (row, head) in order.

@@ -12,6 +12,7 @@
 //! scratch tile. Either way the arithmetic is the same.
 
 mod decode;
+mod decode_math;
 mod tile;
 mod view;
 

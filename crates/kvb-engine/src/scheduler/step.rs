@@ -29,7 +29,15 @@ impl<B: ModelBackend> Scheduler<B> {
         let mut running = std::mem::take(&mut self.running);
         let mut members: Vec<Member> = Vec::new();
         let mut failed: Vec<(usize, EngineError)> = Vec::new();
-        let mut budget = self.shared.config.max_batch_tokens;
+        let config = &self.shared.config;
+        let decoding = running.iter().filter(|s| s.decoding()).count();
+        let mut budget = if decoding > 0 {
+            config
+                .prefill_tokens_while_decoding
+                .min(config.max_batch_tokens.saturating_sub(decoding))
+        } else {
+            config.max_batch_tokens
+        };
         for (i, s) in running.iter().enumerate() {
             if s.decoding() {
                 members.push(Member {
@@ -38,7 +46,6 @@ impl<B: ModelBackend> Scheduler<B> {
                     decode: true,
                     sample: true,
                 });
-                budget = budget.saturating_sub(1);
             }
         }
         // Prefill slices, oldest first, within what the step has left (chunked prefill).
@@ -188,10 +195,12 @@ impl<B: ModelBackend> Scheduler<B> {
         let step = s
             .run
             .step(&self.shared.tokenizer, logits, s.tokens.len(), max)?;
+        let now = Instant::now();
         if first {
-            s.stats.first_token_at = Some(Instant::now());
+            s.stats.first_token_at = Some(now);
             s.stats.first_logits = logits.to_vec();
         }
+        s.stats.last_token_at = Some(now);
         s.tokens.push(step.token);
         s.sink.send(Event::Token {
             token: step.token,
@@ -321,9 +330,11 @@ fn result_of(s: &mut Sequence) -> GenerationResult {
     let now = Instant::now();
     let st = &mut s.stats;
     let first = st.first_token_at;
-    st.stages.decode = first.map_or(Default::default(), |f| {
-        now.duration_since(f).saturating_sub(st.stages.store)
-    });
+    // From the first token to the last: storing comes after and is timed on its own.
+    st.stages.decode = match (first, st.last_token_at) {
+        (Some(f), Some(l)) => l.duration_since(f),
+        _ => Default::default(),
+    };
     let steps = s.run.tokens().len().saturating_sub(1);
     let cached = st.cached.total().min(s.prompt_len);
     GenerationResult {

@@ -24,6 +24,10 @@ pub struct EngineArgs {
     /// Token rows one forward pass runs at most (decode rows, then prefill slices).
     #[arg(long, default_value_t = defaults().max_batch_tokens)]
     pub max_batch_tokens: usize,
+    /// While sequences decode, prefill slices take at most this many rows per step (their time
+    /// per token is the step's).
+    #[arg(long, default_value_t = defaults().prefill_tokens_while_decoding)]
+    pub prefill_tokens_while_decoding: usize,
     /// Sequences running at once; further requests wait.
     #[arg(long, default_value_t = defaults().max_running)]
     pub max_running: usize,
@@ -73,6 +77,7 @@ impl EngineArgs {
             max_pool_bytes: self.max_pool_bytes,
             block_size: self.block_size,
             max_batch_tokens: self.max_batch_tokens,
+            prefill_tokens_while_decoding: self.prefill_tokens_while_decoding,
             max_running: self.max_running,
             chunk_size: self.chunk_size,
             recompute_strategy: self.recompute_strategy,

@@ -60,15 +60,62 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
     ))
 }
 
-fn prompt_text<B: ModelBackend>(engine: &Engine<B>, r: &Request) -> anyhow::Result<String> {
+/// A client's conversation so far: the last prompt and its answer.
+#[derive(Default)]
+enum Chat {
+    #[default]
+    None,
+    /// Raw text: the prompt with the answer appended.
+    Text(String),
+    /// Messages, the answer last.
+    Messages(Vec<ChatMessage>),
+}
+
+/// The chat a turn leaves, made once its answer is known.
+type NextChat = Box<dyn FnOnce(&str) -> Chat>;
+
+/// The prompt of `r` (after the client's chat so far, with `continue`), and the chat it leaves
+/// once `answer` is known (see [`Chat`]).
+fn prompt_text<B: ModelBackend>(
+    engine: &Engine<B>,
+    r: &Request,
+    chat: &Chat,
+) -> anyhow::Result<(String, NextChat)> {
     match (&r.prompt, &r.messages) {
-        (Some(p), _) => Ok(p.clone()),
+        (Some(p), _) => {
+            let text = match (r.continue_chat, chat) {
+                (true, Chat::Text(before)) => format!("{before}{p}"),
+                (true, _) => bail!(
+                    "request {}: `continue` with `prompt` after a chat of messages",
+                    r.id
+                ),
+                (false, _) => p.clone(),
+            };
+            let keep = text.clone();
+            Ok((text, Box::new(move |answer| Chat::Text(keep + answer))))
+        }
         (None, Some(messages)) => {
-            let messages: Vec<ChatMessage> = messages
-                .iter()
-                .map(|m| ChatMessage::new(&m.role, m.content.clone()))
-                .collect();
-            Ok(engine.tokenizer().apply_chat_template(&messages, true)?)
+            let mut all: Vec<ChatMessage> = match (r.continue_chat, chat) {
+                (true, Chat::Messages(before)) => before.clone(),
+                (true, _) => bail!(
+                    "request {}: `continue` with `messages` after a chat of raw text",
+                    r.id
+                ),
+                (false, _) => Vec::new(),
+            };
+            all.extend(
+                messages
+                    .iter()
+                    .map(|m| ChatMessage::new(&m.role, m.content.clone())),
+            );
+            let text = engine.tokenizer().apply_chat_template(&all, true)?;
+            Ok((
+                text,
+                Box::new(move |answer| {
+                    all.push(ChatMessage::new("assistant", answer));
+                    Chat::Messages(all)
+                }),
+            ))
         }
         (None, None) => bail!("request {}: no `prompt` or `messages`", r.id),
     }
@@ -81,10 +128,12 @@ struct Served {
     result: GenerationResult,
 }
 
+/// Serves `r`; `chat` is the client's conversation so far, updated with this turn and its answer.
 fn serve_one<B: ModelBackend>(
     engine: &Engine<B>,
     args: &ReplayArgs,
     r: &Request,
+    chat: &mut Chat,
 ) -> anyhow::Result<Served> {
     if r.reset {
         engine.reset_cache().context("resetting the cache")?;
@@ -97,7 +146,7 @@ fn serve_one<B: ModelBackend>(
         }
         None => None,
     };
-    let text = prompt_text(engine, r)?;
+    let (text, next) = prompt_text(engine, r, chat)?;
     let mut options = args.sampling.options(&args.engine);
     if let Some(n) = r.max_new_tokens {
         options.max_new_tokens = n;
@@ -114,6 +163,7 @@ fn serve_one<B: ModelBackend>(
         })?
         .wait()?;
     result.stages.tokenize = tokenize;
+    *chat = next(&result.output_text);
     Ok(Served {
         warm_ms,
         prompt,
@@ -128,6 +178,7 @@ struct Shared<'a> {
     start: Instant,
     trie: Mutex<TokenTrie>,
     ttfts: Mutex<Vec<f64>>,
+    decode_rates: Mutex<Vec<f64>>,
     generated: Mutex<usize>,
     failed: Mutex<usize>,
 }
@@ -138,9 +189,10 @@ fn client<B: ModelBackend>(
     requests: &[&Request],
     s: &Shared,
 ) -> anyhow::Result<()> {
+    let mut chat = Chat::None;
     for r in requests {
         let started = s.start.elapsed();
-        let line = match serve_one(engine, args, r) {
+        let line = match serve_one(engine, args, r, &mut chat) {
             Ok(served) => {
                 let g = &served.result;
                 s.bar.set_message(format!("last TTFT {:.0} ms", g.ttft_ms));
@@ -151,6 +203,10 @@ fn client<B: ModelBackend>(
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .push(g.ttft_ms);
+                if g.token_ids.len() > 1 {
+                    let mut rates = s.decode_rates.lock().unwrap_or_else(|e| e.into_inner());
+                    rates.push(g.tokens_per_sec);
+                }
                 *s.generated.lock().unwrap_or_else(|e| e.into_inner()) += g.token_ids.len();
                 let context = Context {
                     id: &r.id,
@@ -209,6 +265,7 @@ fn run_on<B: ModelBackend>(
         start: Instant::now(),
         trie: Mutex::new(TokenTrie::default()),
         ttfts: Mutex::new(Vec::new()),
+        decode_rates: Mutex::new(Vec::new()),
         generated: Mutex::new(0),
         failed: Mutex::new(0),
     };
@@ -236,6 +293,12 @@ fn run_on<B: ModelBackend>(
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
+        let rates = shared
+            .decode_rates
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let decode_median = percentile(&rates, 50.0);
         let token_bytes = pool.block_bytes / pool.block_size.max(1);
         let peak = pool.peak_blocks_used * pool.block_bytes;
         let summary = Summary {
@@ -245,6 +308,8 @@ fn run_on<B: ModelBackend>(
             wall_ms: wall.as_secs_f64() * 1e3,
             generated_tokens: generated,
             aggregate_tokens_per_sec: generated as f64 / wall.as_secs_f64().max(1e-9),
+            decode_tokens_per_sec_median: decode_median,
+            aggregate_decode_tokens_per_sec: decode_median * groups.len() as f64,
             ttft_p50_ms: percentile(&ttfts, 50.0),
             ttft_p99_ms: percentile(&ttfts, 99.0),
             distinct_tokens: distinct,

@@ -26,6 +26,12 @@ pub struct Request {
     /// clients run at once (default: one client).
     #[serde(default)]
     pub client: Option<Value>,
+    /// Continue the client's chat: its previous request's prompt, the answer the model gave there,
+    /// then this request's text (`prompt`: appended as is; `messages`: after the previous messages
+    /// and the answer as an assistant message, rendered with the chat template). A chat grows
+    /// this way, and its next turn reuses the K/V of the previous answer.
+    #[serde(default, rename = "continue")]
+    pub continue_chat: bool,
 }
 
 /// A chat message.
@@ -58,6 +64,15 @@ pub fn read_requests(path: &Path) -> anyhow::Result<Vec<Request>> {
     }
     if requests.is_empty() {
         bail!("{} holds no request", path.display());
+    }
+    for group in by_client(&requests) {
+        if let Some(first) = group.first().filter(|r| r.continue_chat) {
+            bail!(
+                "{}: request {} continues a chat its client has not started",
+                path.display(),
+                first.id
+            );
+        }
     }
     Ok(requests)
 }

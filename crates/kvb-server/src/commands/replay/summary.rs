@@ -60,6 +60,10 @@ pub struct Summary {
     pub generated_tokens: usize,
     /// Generated tokens over the wall time: what all clients got together.
     pub aggregate_tokens_per_sec: f64,
+    /// The median request's decode rate (tokens after its first, over the time they took) ...
+    pub decode_tokens_per_sec_median: f64,
+    /// ... times the clients: the decode rate all of them get at once.
+    pub aggregate_decode_tokens_per_sec: f64,
     pub ttft_p50_ms: f64,
     pub ttft_p99_ms: f64,
     /// Tokens of all prompts and answers, shared prefixes counted once.

@@ -1,0 +1,407 @@
+//! The arithmetic of the decode kernel: scores of one query against a run of keys, and the
+//! weighted sum of values. Once portable, once with AVX2 and FMA (chosen per machine at run time;
+//! a machine always runs the same one, so a row's bits never depend on its batch).
+//!
+//! Both give each key's score the same reduction order wherever the key falls in a run: eight
+//! lanes accumulated over the head dimension, then `((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7))`. The
+//! AVX2 version scores four keys per pass (one load of each query chunk for four keys, and one
+//! shared horizontal reduction), which is what makes it fast.
+
+/// Scores and value sums for one (query, run of keys) at a time.
+pub(crate) trait DecodeMath {
+    /// `out[j] = scale * (q . keys[j])` for the `out.len()` keys of `keys` (`d` values each).
+    fn scores(q: &[f32], keys: &[f32], d: usize, scale: f32, out: &mut [f32]);
+    /// `acc += sum_j p[j] * values[j]` over the `p.len()` rows of `values` (`d` values each), in
+    /// row order.
+    fn accumulate(acc: &mut [f32], p: &[f32], values: &[f32], d: usize);
+
+    /// [`DecodeMath::scores`] for the query heads of one GQA group, which read the same keys:
+    /// head `g`'s query is `q.group(g)`, its scores go to `out[g * out_stride..][..n]`.
+    fn scores_group(
+        q: Heads,
+        keys: &[f32],
+        d: usize,
+        scale: f32,
+        out: &mut [f32],
+        out_stride: usize,
+        n: usize,
+    ) {
+        for g in 0..q.count {
+            Self::scores(q.get(g, d), keys, d, scale, &mut out[g * out_stride..][..n]);
+        }
+    }
+
+    /// [`DecodeMath::accumulate`] for the heads of one group: head `g` adds
+    /// `p[g * p_stride..][..n]` times the values into `acc[g * acc_stride..][..d]`.
+    #[allow(clippy::too_many_arguments)]
+    fn accumulate_group(
+        acc: &mut [f32],
+        acc_stride: usize,
+        p: &[f32],
+        p_stride: usize,
+        heads: usize,
+        values: &[f32],
+        d: usize,
+        n: usize,
+    ) {
+        for g in 0..heads {
+            Self::accumulate(
+                &mut acc[g * acc_stride..][..d],
+                &p[g * p_stride..][..n],
+                values,
+                d,
+            );
+        }
+    }
+}
+
+/// The query heads of one GQA group for one row: `count` vectors of `d`, `stride` apart.
+#[derive(Clone, Copy)]
+pub(crate) struct Heads {
+    pub ptr: *const f32,
+    pub stride: isize,
+    pub count: usize,
+}
+
+impl Heads {
+    /// Head `g`'s query.
+    pub fn get(&self, g: usize, d: usize) -> &[f32] {
+        // SAFETY: built by the kernel from a q view holding `count` heads of `d` values.
+        unsafe { std::slice::from_raw_parts(self.ptr.offset(g as isize * self.stride), d) }
+    }
+}
+
+/// Plain Rust (two roundings per multiply-add).
+pub(crate) struct Portable;
+
+/// The eight-lane reduction every score goes through.
+#[inline(always)]
+fn reduce(l: [f32; 8]) -> f32 {
+    ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))
+}
+
+impl DecodeMath for Portable {
+    fn scores(q: &[f32], keys: &[f32], d: usize, scale: f32, out: &mut [f32]) {
+        for (j, s) in out.iter_mut().enumerate() {
+            let k = &keys[j * d..(j + 1) * d];
+            let mut lanes = [0f32; 8];
+            for (i, (a, b)) in q.iter().zip(k).enumerate() {
+                lanes[i % 8] += a * b;
+            }
+            *s = reduce(lanes) * scale;
+        }
+    }
+
+    fn accumulate(acc: &mut [f32], p: &[f32], values: &[f32], d: usize) {
+        for (j, &pj) in p.iter().enumerate() {
+            for (a, &v) in acc.iter_mut().zip(&values[j * d..(j + 1) * d]) {
+                *a += pj * v;
+            }
+        }
+    }
+}
+
+/// AVX2 and FMA intrinsics; needs `d % 8 == 0` (the caller falls back to [`Portable`] otherwise).
+#[cfg(target_arch = "x86_64")]
+pub(crate) struct Avx2;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{reduce, Avx2, DecodeMath};
+    use std::arch::x86_64::*;
+
+    /// The four lanes' sums of four accumulators, in [`reduce`]'s order.
+    #[inline(always)]
+    unsafe fn reduce4(a: __m256, b: __m256, c: __m256, d: __m256) -> __m128 {
+        // hadd pairs neighbours: (l0+l1), (l2+l3) per 128-bit half; twice gives the half sums;
+        // the two halves then add: ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)).
+        let ab = _mm256_hadd_ps(a, b);
+        let cd = _mm256_hadd_ps(c, d);
+        let abcd = _mm256_hadd_ps(ab, cd);
+        _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1))
+    }
+
+    #[inline(always)]
+    unsafe fn lanes(v: __m256) -> [f32; 8] {
+        let mut out = [0f32; 8];
+        _mm256_storeu_ps(out.as_mut_ptr(), v);
+        out
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn scores(q: &[f32], keys: &[f32], d: usize, scale: f32, out: &mut [f32]) {
+        let (qp, kp) = (q.as_ptr(), keys.as_ptr());
+        let n = out.len();
+        let sv = _mm_set1_ps(scale);
+        let mut j = 0;
+        while j + 4 <= n {
+            let k = kp.add(j * d);
+            let (mut a0, mut a1, mut a2, mut a3) = (
+                _mm256_setzero_ps(),
+                _mm256_setzero_ps(),
+                _mm256_setzero_ps(),
+                _mm256_setzero_ps(),
+            );
+            for c in (0..d).step_by(8) {
+                let qv = _mm256_loadu_ps(qp.add(c));
+                a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k.add(c)), a0);
+                a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k.add(d + c)), a1);
+                a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k.add(2 * d + c)), a2);
+                a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k.add(3 * d + c)), a3);
+            }
+            _mm_storeu_ps(
+                out.as_mut_ptr().add(j),
+                _mm_mul_ps(reduce4(a0, a1, a2, a3), sv),
+            );
+            j += 4;
+        }
+        while j < n {
+            let k = kp.add(j * d);
+            let mut a = _mm256_setzero_ps();
+            for c in (0..d).step_by(8) {
+                a = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(c)), _mm256_loadu_ps(k.add(c)), a);
+            }
+            out[j] = reduce(lanes(a)) * scale;
+            j += 1;
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn accumulate(acc: &mut [f32], p: &[f32], values: &[f32], d: usize) {
+        let (ap, vp) = (acc.as_mut_ptr(), values.as_ptr());
+        for c in (0..d).step_by(8) {
+            let mut a = _mm256_loadu_ps(ap.add(c));
+            for (j, &pj) in p.iter().enumerate() {
+                a = _mm256_fmadd_ps(_mm256_set1_ps(pj), _mm256_loadu_ps(vp.add(j * d + c)), a);
+            }
+            _mm256_storeu_ps(ap.add(c), a);
+        }
+    }
+
+    /// Scores of up to three heads against keys, four keys per pass: each key chunk is loaded
+    /// once for all the heads.
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn scores3(
+        qs: [*const f32; 3],
+        heads: usize,
+        keys: &[f32],
+        d: usize,
+        scale: f32,
+        out: [*mut f32; 3],
+        n: usize,
+    ) {
+        let kp = keys.as_ptr();
+        let sv = _mm_set1_ps(scale);
+        let mut j = 0;
+        while j + 4 <= n {
+            let k = kp.add(j * d);
+            let mut a = [[_mm256_setzero_ps(); 4]; 3];
+            for c in (0..d).step_by(8) {
+                let kv = [
+                    _mm256_loadu_ps(k.add(c)),
+                    _mm256_loadu_ps(k.add(d + c)),
+                    _mm256_loadu_ps(k.add(2 * d + c)),
+                    _mm256_loadu_ps(k.add(3 * d + c)),
+                ];
+                for h in 0..heads {
+                    let qv = _mm256_loadu_ps(qs[h].add(c));
+                    for (acc, kv) in a[h].iter_mut().zip(&kv) {
+                        *acc = _mm256_fmadd_ps(qv, *kv, *acc);
+                    }
+                }
+            }
+            for h in 0..heads {
+                _mm_storeu_ps(
+                    out[h].add(j),
+                    _mm_mul_ps(reduce4(a[h][0], a[h][1], a[h][2], a[h][3]), sv),
+                );
+            }
+            j += 4;
+        }
+        for (h, q) in qs.iter().enumerate().take(heads) {
+            let q = std::slice::from_raw_parts(*q, d);
+            let rest = std::slice::from_raw_parts_mut(out[h].add(j), n - j);
+            scores(q, &keys[j * d..], d, scale, rest);
+        }
+    }
+
+    /// Value sums of up to three heads: each value chunk is loaded once for all the heads.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn accumulate3(
+        acc: [*mut f32; 3],
+        p: [*const f32; 3],
+        heads: usize,
+        values: &[f32],
+        d: usize,
+        n: usize,
+    ) {
+        let vp = values.as_ptr();
+        for c in (0..d).step_by(8) {
+            let mut a = [_mm256_setzero_ps(); 3];
+            for h in 0..heads {
+                a[h] = _mm256_loadu_ps(acc[h].add(c));
+            }
+            for j in 0..n {
+                let v = _mm256_loadu_ps(vp.add(j * d + c));
+                for h in 0..heads {
+                    a[h] = _mm256_fmadd_ps(_mm256_broadcast_ss(&*p[h].add(j)), v, a[h]);
+                }
+            }
+            for h in 0..heads {
+                _mm256_storeu_ps(acc[h].add(c), a[h]);
+            }
+        }
+    }
+
+    impl DecodeMath for Avx2 {
+        fn scores_group(
+            q: super::Heads,
+            keys: &[f32],
+            d: usize,
+            scale: f32,
+            out: &mut [f32],
+            out_stride: usize,
+            n: usize,
+        ) {
+            debug_assert!(d % 8 == 0 && keys.len() >= n * d);
+            let mut g = 0;
+            while g < q.count {
+                let heads = (q.count - g).min(3);
+                let base = out.as_mut_ptr();
+                // SAFETY: AVX2/FMA present and d % 8 == 0 (see `decode_attention`); queries,
+                // keys and outputs lie within what the caller passed (asserted above and by
+                // `out_stride`, `n`).
+                unsafe {
+                    let qs =
+                        [0, 1, 2].map(|h| q.ptr.offset((g + h.min(heads - 1)) as isize * q.stride));
+                    let outs = [0, 1, 2].map(|h| base.add((g + h.min(heads - 1)) * out_stride));
+                    scores3(qs, heads, keys, d, scale, outs, n);
+                }
+                g += heads;
+            }
+        }
+
+        fn accumulate_group(
+            acc: &mut [f32],
+            acc_stride: usize,
+            p: &[f32],
+            p_stride: usize,
+            heads: usize,
+            values: &[f32],
+            d: usize,
+            n: usize,
+        ) {
+            debug_assert!(d % 8 == 0 && values.len() >= n * d);
+            let mut g = 0;
+            while g < heads {
+                let count = (heads - g).min(3);
+                let (ab, pb) = (acc.as_mut_ptr(), p.as_ptr());
+                // SAFETY: as above; head `h`'s accumulator and weights lie at `h * stride`.
+                unsafe {
+                    let accs = [0, 1, 2].map(|h| ab.add((g + h.min(count - 1)) * acc_stride));
+                    let ps = [0, 1, 2].map(|h| pb.add((g + h.min(count - 1)) * p_stride));
+                    accumulate3(accs, ps, count, values, d, n);
+                }
+                g += count;
+            }
+        }
+
+        #[inline(always)]
+        fn scores(q: &[f32], keys: &[f32], d: usize, scale: f32, out: &mut [f32]) {
+            debug_assert!(d % 8 == 0 && keys.len() >= out.len() * d && q.len() >= d);
+            // SAFETY: only chosen where the CPU has AVX2 and FMA and d % 8 == 0 (see
+            // `decode_attention`); every pointer stays within the slices asserted above.
+            unsafe { scores(q, keys, d, scale, out) }
+        }
+
+        #[inline(always)]
+        fn accumulate(acc: &mut [f32], p: &[f32], values: &[f32], d: usize) {
+            debug_assert!(d % 8 == 0 && acc.len() >= d && values.len() >= p.len() * d);
+            // SAFETY: as above.
+            unsafe { accumulate(acc, p, values, d) }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 2001) as f32 - 1000.0)
+                    / 700.0
+            })
+            .collect()
+    }
+
+    /// Both versions score and sum within float rounding of each other, and a key's score is the
+    /// same bits whatever its place in the run (four at a time, or alone at the end).
+    #[test]
+    fn both_versions_agree_and_a_keys_score_ignores_its_place() {
+        for d in [8usize, 16, 64, 128] {
+            for n in 1..11 {
+                let (q, keys, v) = (values(d, 1), values(n * d, 2), values(n * d, 3));
+                let mut portable = vec![0f32; n];
+                Portable::scores(&q, &keys, d, 0.125, &mut portable);
+                let mut acc_p = vec![0.5f32; d];
+                Portable::accumulate(&mut acc_p, &portable, &v, d);
+                #[cfg(target_arch = "x86_64")]
+                if std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                {
+                    let mut fast = vec![0f32; n];
+                    Avx2::scores(&q, &keys, d, 0.125, &mut fast);
+                    for (a, b) in fast.iter().zip(&portable) {
+                        assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "d {d}: {a} vs {b}");
+                    }
+                    for j in 0..n {
+                        let mut one = [0f32];
+                        Avx2::scores(&q, &keys[j * d..(j + 1) * d], d, 0.125, &mut one);
+                        assert_eq!(one[0].to_bits(), fast[j].to_bits(), "d {d}, key {j} of {n}");
+                    }
+                    let mut acc_f = vec![0.5f32; d];
+                    Avx2::accumulate(&mut acc_f, &portable, &v, d);
+                    for (a, b) in acc_f.iter().zip(&acc_p) {
+                        assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()));
+                    }
+                    // Heads of a group together give each head's bits alone.
+                    for heads in 1..=7 {
+                        let qs = values(heads * d, 9);
+                        let group = Heads {
+                            ptr: qs.as_ptr(),
+                            stride: d as isize,
+                            count: heads,
+                        };
+                        let mut out = vec![0f32; heads * 16];
+                        Avx2::scores_group(group, &keys, d, 0.125, &mut out, 16, n);
+                        let mut acc = vec![0.25f32; heads * (d + 2)];
+                        let p: Vec<f32> = (0..heads * 16).map(|i| (i % 5) as f32 * 0.1).collect();
+                        Avx2::accumulate_group(&mut acc, d + 2, &p, 16, heads, &v, d, n);
+                        for g in 0..heads {
+                            let mut one = vec![0f32; n];
+                            Avx2::scores(&qs[g * d..(g + 1) * d], &keys, d, 0.125, &mut one);
+                            assert!(
+                                one.iter()
+                                    .zip(&out[g * 16..])
+                                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                                "scores, {heads} heads"
+                            );
+                            let mut alone = vec![0.25f32; d];
+                            Avx2::accumulate(&mut alone, &p[g * 16..g * 16 + n], &v, d);
+                            assert!(
+                                alone
+                                    .iter()
+                                    .zip(&acc[g * (d + 2)..])
+                                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                                "sums, {heads} heads"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
