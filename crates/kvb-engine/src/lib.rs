@@ -55,10 +55,11 @@ pub use config::{default_pool_bytes, EngineConfig, GenerateOptions, GenerationMo
 pub use engine::Engine;
 pub use fidelity::{kl_divergence, token_agreement, FidelityReport};
 pub use fingerprint::model_fingerprint;
+pub use kvb_model::generate::StopReason;
 pub use kvb_repair::RecomputeStrategy;
 pub use kvb_store::{EvictionPolicy, StoreStats};
 pub use request::{Event, Request, RequestHandle};
-pub use result::{CachedTokens, GenerationResult, PoolStats, StageTimes, WarmResult};
+pub use result::{CachedTokens, GenerationResult, PoolStats, StageTimes, Started, WarmResult};
 
 /// Everything that can go wrong in the engine.
 #[derive(Debug, thiserror::Error)]

@@ -1,7 +1,7 @@
 //! Requests in, events out: what [`crate::Engine::submit`] takes and returns.
 
 use crate::config::GenerateOptions;
-use crate::result::GenerationResult;
+use crate::result::{GenerationResult, Started};
 use crate::EngineError;
 use crossbeam::channel::{Receiver, RecvTimeoutError, Sender};
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -34,6 +34,8 @@ impl Request {
 /// What a running request reports.
 #[derive(Debug)]
 pub enum Event {
+    /// The first token is known (sent just before it): TTFT and what the cache gave.
+    Started(Started),
     /// A generated token and the text it made final (possibly empty).
     Token {
         /// The token.
@@ -150,6 +152,7 @@ impl RequestHandle {
                 Ok(Event::Token { token, text }) => {
                     on_token(kvb_model::generate::StreamEvent { token, text: &text })
                 }
+                Ok(Event::Started(_)) => {}
                 Ok(Event::Finished(result)) => return *result,
                 Err(_) => return Err(EngineError::Stopped),
             }

@@ -1,5 +1,6 @@
 //! What a request reports, and what the pool reports.
 
+use kvb_model::generate::StopReason;
 use std::time::Duration;
 
 /// Time spent in each stage of a request.
@@ -84,6 +85,34 @@ pub struct GenerationResult {
     pub stages: StageTimes,
     /// Logits of the first generated position (for fidelity checks; empty without generation).
     pub first_logits: Vec<f32>,
+    /// Why generation ended (`None` when nothing was to be generated).
+    pub stop_reason: Option<StopReason>,
+}
+
+/// What is known of a request once its first token is: sent as [`crate::Event::Started`] just
+/// before that token, so a server can report TTFT and reuse before the answer ends.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Started {
+    /// From the request's arrival to the first token id.
+    pub ttft_ms: f64,
+    /// Prompt length.
+    pub prompt_tokens: usize,
+    /// Prompt tokens whose K/V came from the cache, and where from.
+    pub cached: CachedTokens,
+    /// Cached tokens recomputed by repair.
+    pub recomputed_tokens: usize,
+}
+
+impl Started {
+    /// Cached prompt tokens (at most the prompt).
+    pub fn cached_tokens(&self) -> usize {
+        self.cached.total().min(self.prompt_tokens)
+    }
+
+    /// `cached_tokens / prompt_tokens`.
+    pub fn kv_reuse_ratio(&self) -> f64 {
+        self.cached_tokens() as f64 / self.prompt_tokens.max(1) as f64
+    }
 }
 
 /// The outcome of [`crate::Engine::warm`].

@@ -136,17 +136,24 @@ fn cancelling_frees_the_sequence_at_once_and_twice_is_an_error() {
             opts(GenerationMode::ChunkReuse, 230),
         ))
         .unwrap();
-    // Mid-stream: after its first token.
+    // Mid-stream: after its first token, which `Started` announces.
+    match h.next_event().unwrap() {
+        Event::Started(s) => {
+            assert_eq!(s.prompt_tokens, 20);
+            assert!(s.ttft_ms > 0.0);
+        }
+        other => panic!("expected `Started` first, got {other:?}"),
+    }
     match h.next_event().unwrap() {
         Event::Token { .. } => {}
-        other => panic!("expected a token first, got {other:?}"),
+        other => panic!("expected a token after `Started`, got {other:?}"),
     }
     h.cancel().unwrap();
     assert!(matches!(h.cancel(), Err(EngineError::AlreadyCancelled)));
     let last = loop {
         match h.next_event() {
             Some(Event::Finished(r)) => break *r,
-            Some(Event::Token { .. }) => continue,
+            Some(Event::Token { .. } | Event::Started(_)) => continue,
             None => panic!("no final event"),
         }
     };
@@ -266,10 +273,18 @@ fn sequences_sharing_a_prefix_hold_it_once() {
             .unwrap()
         })
         .collect();
-    // All four running: each has produced a token.
+    // All four running: each has produced a token, the 40-token stem cached for all but the
+    // first (they wait for its prefill, then read its blocks).
+    let mut cached = Vec::new();
     for h in &handles {
+        match h.next_event() {
+            Some(Event::Started(s)) => cached.push(s.cached_tokens()),
+            other => panic!("expected `Started` first, got {other:?}"),
+        }
         assert!(matches!(h.next_event(), Some(Event::Token { .. })));
     }
+    cached.sort();
+    assert_eq!(cached, [0, 40, 40, 40]);
     e.sync().unwrap();
     let s = e.paged_stats();
     // The 40-token stem is 10 blocks, computed once (later requests wait for the first one's

@@ -10,6 +10,7 @@ mod backend;
 mod commands;
 mod model_arg;
 mod peak_memory;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -34,6 +35,8 @@ enum Command {
     Demo(commands::demo::DemoArgs),
     /// Run the requests of a JSONL file through one engine; one JSON result line per request.
     Replay(commands::replay::ReplayArgs),
+    /// Serve the model over HTTP with OpenAI's API (chat and completions, streamed or not).
+    Serve(serve::ServeArgs),
     /// Fetch the default model into the models folder (idempotent).
     FetchModel,
 }
@@ -45,6 +48,7 @@ fn main() {
         Command::Chat(args) => commands::chat::run(args),
         Command::Demo(args) => commands::demo::run(args),
         Command::Replay(args) => commands::replay::run(args),
+        Command::Serve(args) => serve::run(args),
         Command::FetchModel => model_arg::resolve(None).map(|p| {
             eprintln!("default model ready at {}", p.display());
         }),

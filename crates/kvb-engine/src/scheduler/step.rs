@@ -5,7 +5,7 @@ use super::Scheduler;
 use crate::blocks::ROOT;
 use crate::config::GenerationMode;
 use crate::request::Event;
-use crate::result::GenerationResult;
+use crate::result::{GenerationResult, Started};
 use crate::sequence::{Sequence, Work};
 use crate::EngineError;
 use kvb_model::generate::logits_to_vec;
@@ -199,6 +199,12 @@ impl<B: ModelBackend> Scheduler<B> {
         if first {
             s.stats.first_token_at = Some(now);
             s.stats.first_logits = logits.to_vec();
+            s.sink.send(Event::Started(Started {
+                ttft_ms: ms(now.duration_since(s.arrival)),
+                prompt_tokens: s.prompt_len,
+                cached: s.stats.cached,
+                recomputed_tokens: s.stats.recomputed,
+            }));
         }
         s.stats.last_token_at = Some(now);
         s.tokens.push(step.token);
@@ -359,5 +365,6 @@ fn result_of(s: &mut Sequence) -> GenerationResult {
         stored_bytes: st.stored_bytes,
         stages: st.stages.clone(),
         first_logits: std::mem::take(&mut st.first_logits),
+        stop_reason: s.run.stop(),
     }
 }

@@ -16,19 +16,19 @@ use std::path::PathBuf;
 #[derive(Args, Debug, Clone)]
 pub struct SamplingArgs {
     /// Maximum number of tokens to generate.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = GenerateOptions::default().max_new_tokens)]
     pub max_new_tokens: usize,
     /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = SamplingParams::default().temperature)]
     pub temperature: f32,
     /// Keep only the k most likely tokens when sampling (0 = all).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = SamplingParams::default().top_k)]
     pub top_k: usize,
     /// Nucleus sampling threshold.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = SamplingParams::default().top_p)]
     pub top_p: f32,
     /// Seed of the sampler.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = SamplingParams::default().seed)]
     pub seed: u64,
     /// Stop when the output contains this string (repeatable).
     #[arg(long = "stop")]

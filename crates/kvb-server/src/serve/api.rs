@@ -1,0 +1,328 @@
+//! The request and response bodies, in OpenAI's shapes (field names, types, `object` values).
+//! Each derives its OpenAPI schema, so `/openapi.json` describes exactly what is parsed and sent.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+
+/// `stop`: one string or a list of them.
+#[derive(Deserialize, Debug, Clone, ToSchema)]
+#[serde(untagged)]
+pub enum Stop {
+    /// One stop string.
+    One(String),
+    /// Several.
+    Many(Vec<String>),
+}
+
+impl Stop {
+    /// The stop strings as a list.
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            Stop::One(s) => vec![s],
+            Stop::Many(v) => v,
+        }
+    }
+}
+
+/// `stream_options`.
+#[derive(Deserialize, Debug, Clone, Default, ToSchema)]
+pub struct StreamOptions {
+    /// Send a last chunk with the usage before `[DONE]`.
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// What both endpoints take besides the prompt.
+#[derive(Deserialize, Debug, Clone, ToSchema)]
+pub struct Sampling {
+    /// The served model's name (`GET /v1/models`).
+    pub model: String,
+    /// Upper bound on generated tokens.
+    pub max_tokens: Option<u32>,
+    /// The same, under its newer name (takes precedence).
+    pub max_completion_tokens: Option<u32>,
+    /// 0 (greedy) to 2.
+    pub temperature: Option<f32>,
+    /// Nucleus sampling, in (0, 1].
+    pub top_p: Option<f32>,
+    /// Sampler seed: same seed, same tokens.
+    pub seed: Option<u64>,
+    /// Generation stops before any of these.
+    pub stop: Option<Stop>,
+    /// Stream the answer as server-sent events.
+    #[serde(default)]
+    pub stream: bool,
+    /// Streaming options.
+    pub stream_options: Option<StreamOptions>,
+    /// Answers per request: only 1 is served.
+    pub n: Option<u32>,
+}
+
+/// A message's content: text, or a list of parts of which only text parts are taken.
+#[derive(Deserialize, Debug, Clone, ToSchema)]
+#[serde(untagged)]
+pub enum Content {
+    /// Plain text.
+    Text(String),
+    /// `[{"type": "text", "text": "..."}]`.
+    Parts(Vec<ContentPart>),
+}
+
+/// One part of a message's content.
+#[derive(Deserialize, Debug, Clone, ToSchema)]
+pub struct ContentPart {
+    /// Only `text` is served.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The text of a `text` part.
+    pub text: Option<String>,
+}
+
+/// A chat message.
+#[derive(Deserialize, Debug, Clone, ToSchema)]
+pub struct ChatMessageIn {
+    /// `system`, `user`, `assistant` (or `developer`, read as `system`).
+    pub role: String,
+    /// Its content.
+    pub content: Content,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Deserialize, Debug, Clone, ToSchema)]
+pub struct ChatCompletionRequest {
+    /// The conversation, rendered with the model's chat template.
+    pub messages: Vec<ChatMessageIn>,
+    /// Model, sampling and streaming settings.
+    #[serde(flatten)]
+    pub sampling: Sampling,
+}
+
+/// `prompt` of a completion: a string, a list of one string, or token ids.
+#[derive(Deserialize, Debug, Clone, ToSchema)]
+#[serde(untagged)]
+pub enum Prompt {
+    /// Text.
+    Text(String),
+    /// Token ids.
+    Tokens(Vec<u32>),
+    /// Texts (only one is served).
+    Texts(Vec<String>),
+}
+
+/// `POST /v1/completions`.
+#[derive(Deserialize, Debug, Clone, ToSchema)]
+pub struct CompletionRequest {
+    /// Raw prompt, used as given.
+    pub prompt: Prompt,
+    /// Model, sampling and streaming settings.
+    #[serde(flatten)]
+    pub sampling: Sampling,
+}
+
+/// How many of the prompt's tokens the cache served.
+#[derive(Serialize, Debug, Clone, ToSchema)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens whose K/V was reused.
+    pub cached_tokens: usize,
+}
+
+/// Token counts of a request.
+#[derive(Serialize, Debug, Clone, ToSchema)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Generated tokens.
+    pub completion_tokens: usize,
+    /// Their sum.
+    pub total_tokens: usize,
+    /// Of the prompt, what the cache served.
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+/// The assistant's message.
+#[derive(Serialize, Debug, Clone, ToSchema)]
+pub struct ChatMessageOut {
+    /// Always `assistant`.
+    pub role: &'static str,
+    /// The generated text.
+    pub content: String,
+}
+
+/// One answer of a chat completion.
+#[derive(Serialize, Debug, Clone, ToSchema)]
+pub struct ChatChoice {
+    /// Always 0.
+    pub index: u32,
+    /// The answer.
+    pub message: ChatMessageOut,
+    /// Always null.
+    #[schema(value_type = Option<Object>)]
+    pub logprobs: Option<Value>,
+    /// `stop` (end of sequence or a stop string) or `length` (token limit or context full).
+    pub finish_reason: &'static str,
+}
+
+/// A chat completion.
+#[derive(Serialize, Debug, Clone, ToSchema)]
+pub struct ChatCompletion {
+    /// `chatcmpl-...`.
+    pub id: String,
+    /// `chat.completion`.
+    pub object: &'static str,
+    /// Unix seconds.
+    pub created: u64,
+    /// The served model's name.
+    pub model: String,
+    /// The answer.
+    pub choices: Vec<ChatChoice>,
+    /// Token counts.
+    pub usage: Usage,
+}
+
+/// What a streamed chunk adds to the message.
+#[derive(Serialize, Debug, Clone, ToSchema)]
+pub struct Delta {
+    /// `assistant`, in the first chunk only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    /// New text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+/// One choice of a streamed chat chunk.
+#[derive(Serialize, Debug, Clone, ToSchema)]
+pub struct ChatChunkChoice {
+    /// Always 0.
+    pub index: u32,
+    /// What this chunk adds.
+    pub delta: Delta,
+    /// Always null.
+    #[schema(value_type = Option<Object>)]
+    pub logprobs: Option<Value>,
+    /// Set in the last chunk of the answer.
+    pub finish_reason: Option<&'static str>,
+}
+
+/// A server-sent event of a streamed chat completion.
+#[derive(Serialize, Debug, Clone, ToSchema)]
+pub struct ChatCompletionChunk {
+    /// The same for every chunk of a request.
+    pub id: String,
+    /// `chat.completion.chunk`.
+    pub object: &'static str,
+    /// Unix seconds.
+    pub created: u64,
+    /// The served model's name.
+    pub model: String,
+    /// One choice; empty in the usage chunk.
+    pub choices: Vec<ChatChunkChoice>,
+    /// Only in the usage chunk (`stream_options.include_usage`), else null.
+    pub usage: Option<Usage>,
+}
+
+/// One answer of a completion (also a streamed chunk's choice).
+#[derive(Serialize, Debug, Clone, ToSchema)]
+pub struct CompletionChoice {
+    /// Always 0.
+    pub index: u32,
+    /// The generated text (a streamed chunk: the new text).
+    pub text: String,
+    /// Always null.
+    #[schema(value_type = Option<Object>)]
+    pub logprobs: Option<Value>,
+    /// `stop` or `length`; null in a streamed chunk before the last.
+    pub finish_reason: Option<&'static str>,
+}
+
+/// A completion, or one streamed chunk of it.
+#[derive(Serialize, Debug, Clone, ToSchema)]
+pub struct Completion {
+    /// `cmpl-...`.
+    pub id: String,
+    /// `text_completion`.
+    pub object: &'static str,
+    /// Unix seconds.
+    pub created: u64,
+    /// The served model's name.
+    pub model: String,
+    /// The answer; empty in the usage chunk.
+    pub choices: Vec<CompletionChoice>,
+    /// Token counts (a streamed chunk: only in the usage chunk).
+    pub usage: Option<Usage>,
+}
+
+/// One served model.
+#[derive(Serialize, Debug, Clone, ToSchema)]
+pub struct ModelCard {
+    /// The name requests use.
+    pub id: String,
+    /// `model`.
+    pub object: &'static str,
+    /// Unix seconds when the server started.
+    pub created: u64,
+    /// `kvb`.
+    pub owned_by: &'static str,
+    /// Tokens of context.
+    pub max_model_len: usize,
+}
+
+/// `GET /v1/models`.
+#[derive(Serialize, Debug, Clone, ToSchema)]
+pub struct ModelList {
+    /// `list`.
+    pub object: &'static str,
+    /// The served model.
+    pub data: Vec<ModelCard>,
+}
+
+/// `POST /v1/warm`: text (or messages, rendered with the chat template) to compute and keep.
+#[derive(Deserialize, Debug, Clone, ToSchema)]
+pub struct WarmRequest {
+    /// Raw text.
+    pub text: Option<String>,
+    /// Or chat messages (the template's generation prompt is not added).
+    pub messages: Option<Vec<ChatMessageIn>>,
+}
+
+/// What `POST /v1/warm` did.
+#[derive(Serialize, Debug, Clone, ToSchema)]
+pub struct WarmResponse {
+    /// `warm`.
+    pub object: &'static str,
+    /// Tokens of the text.
+    pub tokens: usize,
+    /// Chunks newly stored in the chunk store.
+    pub chunks_stored: usize,
+    /// Their bytes.
+    pub bytes: usize,
+}
+
+/// `GET /health`.
+#[derive(Serialize, Debug, Clone, ToSchema)]
+pub struct Health {
+    /// `ok`.
+    pub status: &'static str,
+}
+
+/// The body of every error, as OpenAI sends it.
+#[derive(Serialize, Debug, Clone, ToSchema)]
+pub struct ErrorBody {
+    /// What went wrong.
+    pub error: ErrorDetail,
+}
+
+/// The error itself.
+#[derive(Serialize, Debug, Clone, ToSchema)]
+pub struct ErrorDetail {
+    /// A sentence for people.
+    pub message: String,
+    /// `invalid_request_error`, `authentication_error`, `not_found_error`, `server_error`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The request field at fault, if one is.
+    pub param: Option<String>,
+    /// A code for programs (`context_length_exceeded`, `model_not_found`, ...).
+    pub code: Option<&'static str>,
+}

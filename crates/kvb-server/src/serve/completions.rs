@@ -1,0 +1,672 @@
+//! `POST /v1/chat/completions` and `POST /v1/completions`: validate, render, tokenize, submit to
+//! the engine's scheduler, then answer in one body or as server-sent events, one per token.
+
+use super::api::*;
+use super::app::{AppState, Arrival, Ticket};
+use super::body::ApiJson;
+use super::bridge::forward;
+use super::error::ApiError;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use futures_util::stream::{self, Stream};
+use kvb_engine::{Event, GenerateOptions, GenerationResult, Started, StopReason};
+use kvb_model::generate::SamplingParams;
+use kvb_model::ChatMessage;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::time::Instant as Deadline;
+
+/// Which endpoint a request came through: its object names and ids differ.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Chat,
+    Text,
+}
+
+impl Kind {
+    fn endpoint(self) -> &'static str {
+        match self {
+            Kind::Chat => "chat",
+            Kind::Text => "completions",
+        }
+    }
+}
+
+/// A validated request, ready for the engine.
+struct Job {
+    kind: Kind,
+    id: String,
+    prompt: PromptInput,
+    options: GenerateOptions,
+    stream: bool,
+    include_usage: bool,
+    arrival: Instant,
+}
+
+enum PromptInput {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/chat/completions",
+    request_body = ChatCompletionRequest,
+    responses(
+        (status = 200, description = "The answer; with `stream`, server-sent `ChatCompletionChunk`s then `[DONE]`", body = ChatCompletion),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 413, body = ErrorBody),
+        (status = 503, body = ErrorBody), (status = 504, body = ErrorBody),
+    )
+)]
+pub async fn chat_completions(
+    State(app): State<Arc<AppState>>,
+    Extension(arrival): Extension<Arrival>,
+    ApiJson(req): ApiJson<ChatCompletionRequest>,
+) -> Response {
+    let job = (|| {
+        if req.messages.is_empty() {
+            return Err(ApiError::bad_request(
+                "`messages` is empty",
+                Some("messages"),
+            ));
+        }
+        let messages = req
+            .messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| message(m, i))
+            .collect::<Result<Vec<_>, _>>()?;
+        let text = app
+            .engine
+            .tokenizer()
+            .apply_chat_template(&messages, true)
+            .map_err(|e| {
+                ApiError::bad_request(format!("the chat template failed: {e}"), Some("messages"))
+            })?;
+        job(
+            &app,
+            Kind::Chat,
+            PromptInput::Text(text),
+            req.sampling,
+            arrival,
+        )
+    })();
+    match job {
+        Ok(job) => run(app, job).await,
+        Err(e) => refuse(&app, Kind::Chat, e, arrival),
+    }
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/completions",
+    request_body = CompletionRequest,
+    responses(
+        (status = 200, description = "The answer; with `stream`, server-sent `Completion` chunks then `[DONE]`", body = Completion),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 413, body = ErrorBody),
+        (status = 503, body = ErrorBody), (status = 504, body = ErrorBody),
+    )
+)]
+pub async fn completions(
+    State(app): State<Arc<AppState>>,
+    Extension(arrival): Extension<Arrival>,
+    ApiJson(req): ApiJson<CompletionRequest>,
+) -> Response {
+    let prompt = match req.prompt {
+        Prompt::Text(t) => Ok(PromptInput::Text(t)),
+        Prompt::Tokens(t) => Ok(PromptInput::Tokens(t)),
+        Prompt::Texts(mut v) if v.len() == 1 => Ok(PromptInput::Text(v.remove(0))),
+        Prompt::Texts(_) => Err(ApiError::bad_request(
+            "only one prompt per request is served",
+            Some("prompt"),
+        )),
+    };
+    match prompt.and_then(|p| job(&app, Kind::Text, p, req.sampling, arrival)) {
+        Ok(job) => run(app, job).await,
+        Err(e) => refuse(&app, Kind::Text, e, arrival),
+    }
+}
+
+/// A message for the chat template; content parts other than text are refused.
+fn message(m: &ChatMessageIn, i: usize) -> Result<ChatMessage, ApiError> {
+    let role = match m.role.as_str() {
+        "developer" => "system",
+        r @ ("system" | "user" | "assistant") => r,
+        other => {
+            return Err(ApiError::bad_request(
+                format!("unknown role `{other}` (system, user, assistant, developer)"),
+                Some(&format!("messages[{i}].role")),
+            ))
+        }
+    };
+    let content = match &m.content {
+        Content::Text(t) => t.clone(),
+        Content::Parts(parts) => {
+            let mut text = String::new();
+            for (j, p) in parts.iter().enumerate() {
+                match (p.kind.as_str(), &p.text) {
+                    ("text", Some(t)) => text.push_str(t),
+                    _ => {
+                        return Err(ApiError::bad_request(
+                            "only text content parts are served",
+                            Some(&format!("messages[{i}].content[{j}]")),
+                        ))
+                    }
+                }
+            }
+            text
+        }
+    };
+    Ok(ChatMessage::new(role, content))
+}
+
+/// Checks the settings shared by both endpoints.
+fn job(
+    app: &AppState,
+    kind: Kind,
+    prompt: PromptInput,
+    s: Sampling,
+    arrival: Arrival,
+) -> Result<Job, ApiError> {
+    if s.model != app.settings.model_name {
+        return Err(ApiError::unknown_model(&s.model, &app.settings.model_name));
+    }
+    if s.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::bad_request("only n = 1 is served", Some("n")));
+    }
+    let temperature = s.temperature.unwrap_or(1.0);
+    if !(0.0..=2.0).contains(&temperature) {
+        return Err(ApiError::bad_request(
+            "`temperature` must be between 0 and 2",
+            Some("temperature"),
+        ));
+    }
+    let top_p = s.top_p.unwrap_or(1.0);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(ApiError::bad_request(
+            "`top_p` must be in (0, 1]",
+            Some("top_p"),
+        ));
+    }
+    let (max_tokens, param) = match (s.max_completion_tokens, s.max_tokens) {
+        (Some(m), _) => (m as usize, "max_completion_tokens"),
+        (None, Some(m)) => (m as usize, "max_tokens"),
+        (None, None) => (app.settings.default_max_tokens, "max_tokens"),
+    };
+    if max_tokens == 0 {
+        return Err(ApiError::bad_request(
+            format!("`{param}` must be at least 1"),
+            Some(param),
+        ));
+    }
+    let stop_strings = s.stop.map(Stop::into_vec).unwrap_or_default();
+    if stop_strings.iter().any(String::is_empty) {
+        return Err(ApiError::bad_request(
+            "a stop string is empty",
+            Some("stop"),
+        ));
+    }
+    if s.stream_options.is_some() && !s.stream {
+        return Err(ApiError::bad_request(
+            "`stream_options` needs `stream`: true",
+            Some("stream_options"),
+        ));
+    }
+    Ok(Job {
+        kind,
+        id: app.new_id(match kind {
+            Kind::Chat => "chatcmpl",
+            Kind::Text => "cmpl",
+        }),
+        prompt,
+        options: GenerateOptions {
+            max_new_tokens: max_tokens,
+            mode: app.settings.mode,
+            sampling: SamplingParams {
+                temperature,
+                top_k: 0,
+                top_p,
+                seed: s.seed.unwrap_or(0),
+            },
+            stop_strings,
+            cacheable_prefix_len: None,
+        },
+        stream: s.stream,
+        include_usage: s.stream_options.is_some_and(|o| o.include_usage),
+        arrival: arrival.0,
+    })
+}
+
+/// A request refused before it reached the engine.
+fn refuse(app: &AppState, kind: Kind, e: ApiError, arrival: Arrival) -> Response {
+    app.metrics.ended(
+        kind.endpoint(),
+        e.label(),
+        arrival.0.elapsed().as_secs_f64(),
+        0,
+    );
+    tracing::info!(
+        endpoint = kind.endpoint(),
+        status = e.status.as_u16(),
+        "{}",
+        e.message
+    );
+    e.into_response()
+}
+
+/// Admits, tokenizes and submits `job`, then answers.
+async fn run(app: Arc<AppState>, job: Job) -> Response {
+    let kind = job.kind;
+    let arrival = job.arrival;
+    let deadline = Deadline::from_std(arrival + app.settings.request_timeout);
+    let started = match submit(&app, &job).await {
+        Ok(s) => s,
+        Err(e) => return refuse(&app, kind, e, Arrival(arrival)),
+    };
+    let (ticket, events) = started;
+    if job.stream {
+        stream_answer(app, job, ticket, events, deadline).await
+    } else {
+        whole_answer(app, job, ticket, events, deadline).await
+    }
+}
+
+async fn submit(
+    app: &Arc<AppState>,
+    job: &Job,
+) -> Result<(Ticket, UnboundedReceiver<Event>), ApiError> {
+    let ticket = app.admit()?;
+    let engine = app.engine.clone();
+    let prompt = match &job.prompt {
+        PromptInput::Text(t) => PromptInput::Text(t.clone()),
+        PromptInput::Tokens(t) => PromptInput::Tokens(t.clone()),
+    };
+    let request_options = job.options.clone();
+    let arrival = job.arrival;
+    // Tokenizing a long prompt takes milliseconds: off the async workers.
+    let handle = tokio::task::spawn_blocking(move || {
+        let tokens = match prompt {
+            PromptInput::Text(t) => engine.tokenizer().encode(&t, false).map_err(|e| {
+                ApiError::bad_request(format!("cannot tokenize the prompt: {e}"), Some("prompt"))
+            })?,
+            PromptInput::Tokens(t) => t,
+        };
+        let context = engine.context_len();
+        if tokens.len() >= context {
+            return Err(ApiError {
+                code: Some("context_length_exceeded"),
+                ..ApiError::bad_request(
+                    format!(
+                        "the prompt has {} tokens; this model's context holds {context}",
+                        tokens.len()
+                    ),
+                    Some("messages"),
+                )
+            });
+        }
+        engine
+            .submit(kvb_engine::Request {
+                tokens,
+                options: request_options,
+                arrival,
+            })
+            .map_err(ApiError::from)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("the submitting task failed: {e}")))??;
+    Ok((ticket, forward(handle)))
+}
+
+fn finish_reason(r: &GenerationResult) -> &'static str {
+    match r.stop_reason {
+        Some(StopReason::MaxTokens | StopReason::ContextFull) => "length",
+        _ => "stop",
+    }
+}
+
+fn usage(r: &GenerationResult) -> Usage {
+    Usage {
+        prompt_tokens: r.prompt_tokens,
+        completion_tokens: r.token_ids.len(),
+        total_tokens: r.prompt_tokens + r.token_ids.len(),
+        prompt_tokens_details: PromptTokensDetails {
+            cached_tokens: r.cached_tokens,
+        },
+    }
+}
+
+/// `x-kvb-*` headers: the request's TTFT, cached tokens and reuse ratio.
+fn reuse_headers(s: &Started) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    let mut put = |name: &'static str, value: String| {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            h.insert(HeaderName::from_static(name), v);
+        }
+    };
+    put("x-kvb-ttft-ms", format!("{:.3}", s.ttft_ms));
+    put("x-kvb-prompt-tokens", s.prompt_tokens.to_string());
+    put("x-kvb-cached-tokens", s.cached_tokens().to_string());
+    put("x-kvb-reuse-ratio", format!("{:.4}", s.kv_reuse_ratio()));
+    h
+}
+
+/// Logs and counts a request that reached the engine.
+fn log_end(app: &AppState, job: &Job, status: &str, r: Option<&GenerationResult>) {
+    let seconds = job.arrival.elapsed().as_secs_f64();
+    let generated = r.map_or(0, |r| r.token_ids.len());
+    app.metrics
+        .ended(job.kind.endpoint(), status, seconds, generated);
+    match r {
+        Some(r) => tracing::info!(
+            id = %job.id,
+            status,
+            prompt_tokens = r.prompt_tokens,
+            cached_tokens = r.cached_tokens,
+            generated,
+            ttft_ms = format!("{:.1}", r.ttft_ms),
+            total_ms = format!("{:.1}", seconds * 1e3),
+            queue_ms = format!("{:.1}", r.stages.queue.as_secs_f64() * 1e3),
+            "request done"
+        ),
+        None => {
+            tracing::info!(id = %job.id, status, total_ms = format!("{:.1}", seconds * 1e3), "request ended")
+        }
+    }
+}
+
+/// The next event before `deadline`; `Err` at the deadline (the caller drops the channel, which
+/// cancels the sequence).
+async fn next_before(
+    events: &mut UnboundedReceiver<Event>,
+    deadline: Deadline,
+) -> Result<Option<Event>, ()> {
+    tokio::time::timeout_at(deadline, events.recv())
+        .await
+        .map_err(|_| ())
+}
+
+async fn whole_answer(
+    app: Arc<AppState>,
+    job: Job,
+    _ticket: Ticket,
+    mut events: UnboundedReceiver<Event>,
+    deadline: Deadline,
+) -> Response {
+    let mut started = None;
+    let result = loop {
+        match next_before(&mut events, deadline).await {
+            Err(()) => {
+                log_end(&app, &job, "timeout", None);
+                return ApiError::timeout(app.settings.request_timeout.as_secs_f64())
+                    .into_response();
+            }
+            Ok(Some(Event::Started(s))) => {
+                app.metrics
+                    .started(s.ttft_ms, s.prompt_tokens, s.cached_tokens());
+                started = Some(s);
+            }
+            Ok(Some(Event::Token { .. })) => {}
+            Ok(Some(Event::Finished(r))) => break *r,
+            Ok(None) => break Err(kvb_engine::EngineError::Stopped),
+        }
+    };
+    let r = match result {
+        Ok(r) => r,
+        Err(e) => {
+            let e = ApiError::from(e);
+            log_end(&app, &job, e.label(), None);
+            return e.into_response();
+        }
+    };
+    log_end(&app, &job, "ok", Some(&r));
+    let headers = started.as_ref().map(reuse_headers).unwrap_or_default();
+    let body = match job.kind {
+        Kind::Chat => Json(ChatCompletion {
+            id: job.id.clone(),
+            object: "chat.completion",
+            created: unix_now(),
+            model: app.settings.model_name.clone(),
+            choices: vec![ChatChoice {
+                index: 0,
+                message: ChatMessageOut {
+                    role: "assistant",
+                    content: r.output_text.clone(),
+                },
+                logprobs: None,
+                finish_reason: finish_reason(&r),
+            }],
+            usage: usage(&r),
+        })
+        .into_response(),
+        Kind::Text => Json(Completion {
+            id: job.id.clone(),
+            object: "text_completion",
+            created: unix_now(),
+            model: app.settings.model_name.clone(),
+            choices: vec![CompletionChoice {
+                index: 0,
+                text: r.output_text.clone(),
+                logprobs: None,
+                finish_reason: Some(finish_reason(&r)),
+            }],
+            usage: Some(usage(&r)),
+        })
+        .into_response(),
+    };
+    (headers, body).into_response()
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// What a stream still has to send.
+struct StreamState {
+    app: Arc<AppState>,
+    job: Job,
+    _ticket: Ticket,
+    events: Option<UnboundedReceiver<Event>>,
+    deadline: Deadline,
+    created: u64,
+    /// Events ready to go out before the next engine event is read.
+    pending: std::collections::VecDeque<SseEvent>,
+    done: bool,
+}
+
+impl StreamState {
+    fn json<T: serde::Serialize>(value: &T) -> SseEvent {
+        SseEvent::default().data(serde_json::to_string(value).unwrap_or_default())
+    }
+
+    /// A chunk carrying `text` (and `role` first, `finish` last).
+    fn chunk(&self, text: Option<String>, role: bool, finish: Option<&'static str>) -> SseEvent {
+        let (id, model) = (self.job.id.clone(), self.app.settings.model_name.clone());
+        match self.job.kind {
+            Kind::Chat => Self::json(&ChatCompletionChunk {
+                id,
+                object: "chat.completion.chunk",
+                created: self.created,
+                model,
+                choices: vec![ChatChunkChoice {
+                    index: 0,
+                    delta: Delta {
+                        role: role.then_some("assistant"),
+                        content: text,
+                    },
+                    logprobs: None,
+                    finish_reason: finish,
+                }],
+                usage: None,
+            }),
+            Kind::Text => Self::json(&Completion {
+                id,
+                object: "text_completion",
+                created: self.created,
+                model,
+                choices: vec![CompletionChoice {
+                    index: 0,
+                    text: text.unwrap_or_default(),
+                    logprobs: None,
+                    finish_reason: finish,
+                }],
+                usage: None,
+            }),
+        }
+    }
+
+    fn usage_chunk(&self, r: &GenerationResult) -> SseEvent {
+        let (id, model) = (self.job.id.clone(), self.app.settings.model_name.clone());
+        match self.job.kind {
+            Kind::Chat => Self::json(&ChatCompletionChunk {
+                id,
+                object: "chat.completion.chunk",
+                created: self.created,
+                model,
+                choices: Vec::new(),
+                usage: Some(usage(r)),
+            }),
+            Kind::Text => Self::json(&Completion {
+                id,
+                object: "text_completion",
+                created: self.created,
+                model,
+                choices: Vec::new(),
+                usage: Some(usage(r)),
+            }),
+        }
+    }
+
+    /// Queues what `event` sends.
+    fn on_event(&mut self, event: Option<Event>) {
+        match event {
+            Some(Event::Started(s)) => {
+                self.app
+                    .metrics
+                    .started(s.ttft_ms, s.prompt_tokens, s.cached_tokens());
+            }
+            Some(Event::Token { text, .. }) => {
+                let e = self.chunk(Some(text), false, None);
+                self.pending.push_back(e);
+            }
+            Some(Event::Finished(r)) => match *r {
+                Ok(r) => {
+                    log_end(&self.app, &self.job, "ok", Some(&r));
+                    let last = self.chunk(None, false, Some(finish_reason(&r)));
+                    self.pending.push_back(last);
+                    if self.job.include_usage {
+                        let u = self.usage_chunk(&r);
+                        self.pending.push_back(u);
+                    }
+                    self.end();
+                }
+                Err(e) => self.fail(ApiError::from(e)),
+            },
+            None => self.fail(ApiError::from(kvb_engine::EngineError::Stopped)),
+        }
+    }
+
+    fn fail(&mut self, e: ApiError) {
+        log_end(&self.app, &self.job, e.label(), None);
+        self.pending.push_back(Self::json(&e.body()));
+        self.end();
+    }
+
+    fn end(&mut self) {
+        self.pending.push_back(SseEvent::default().data("[DONE]"));
+        self.events = None; // a sequence still running is cancelled
+        self.done = true;
+    }
+}
+
+impl Drop for StreamState {
+    /// A stream dropped before its end: the client went away; the sequence is cancelled with
+    /// the channel.
+    fn drop(&mut self) {
+        if !self.done {
+            log_end(&self.app, &self.job, "cancelled", None);
+        }
+    }
+}
+
+async fn stream_answer(
+    app: Arc<AppState>,
+    job: Job,
+    ticket: Ticket,
+    mut events: UnboundedReceiver<Event>,
+    deadline: Deadline,
+) -> Response {
+    // Wait for the first token, so the headers carry TTFT and reuse, and an error before it is
+    // still a plain error status.
+    let started = loop {
+        match next_before(&mut events, deadline).await {
+            Err(()) => {
+                log_end(&app, &job, "timeout", None);
+                return ApiError::timeout(app.settings.request_timeout.as_secs_f64())
+                    .into_response();
+            }
+            Ok(Some(Event::Started(s))) => break s,
+            Ok(Some(Event::Finished(r))) => {
+                let e = match *r {
+                    Err(e) => ApiError::from(e),
+                    Ok(_) => ApiError::internal("the request ended before its first token"),
+                };
+                log_end(&app, &job, e.label(), None);
+                return e.into_response();
+            }
+            Ok(Some(Event::Token { .. })) => {}
+            Ok(None) => return ApiError::shutting_down().into_response(),
+        }
+    };
+    app.metrics.started(
+        started.ttft_ms,
+        started.prompt_tokens,
+        started.cached_tokens(),
+    );
+    let headers = reuse_headers(&started);
+    let mut state = StreamState {
+        app,
+        job,
+        _ticket: ticket,
+        events: Some(events),
+        deadline,
+        created: unix_now(),
+        pending: Default::default(),
+        done: false,
+    };
+    if state.job.kind == Kind::Chat {
+        let first = state.chunk(Some(String::new()), true, None);
+        state.pending.push_back(first);
+    }
+    (headers, Sse::new(sse_events(state))).into_response()
+}
+
+/// The events of a stream: pending ones first, then one per engine event, until `[DONE]`.
+fn sse_events(state: StreamState) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+    stream::unfold(state, |mut s| async move {
+        loop {
+            if let Some(e) = s.pending.pop_front() {
+                return Some((Ok(e), s));
+            }
+            if s.done {
+                return None;
+            }
+            let events = s.events.as_mut()?;
+            match next_before(events, s.deadline).await {
+                Ok(event) => s.on_event(event),
+                Err(()) => {
+                    let t = s.app.settings.request_timeout.as_secs_f64();
+                    s.fail(ApiError::timeout(t));
+                }
+            }
+        }
+    })
+}

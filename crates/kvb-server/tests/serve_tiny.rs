@@ -1,0 +1,529 @@
+//! `kvb serve` over real HTTP on the tiny model: OpenAI's shapes, streaming, every error, the
+//! API key, timeouts, the OpenAPI document, and greedy text equal to `kvb generate`'s.
+
+mod common;
+
+use common::{client, sse_data, tiny_model, Server};
+use serde_json::{json, Value};
+
+fn tiny_server(extra: &[&str]) -> (tempfile::TempDir, Server) {
+    let (dir, model) = tiny_model();
+    let mut args = vec![
+        "--model",
+        model.to_str().unwrap(),
+        "--served-model-name",
+        "tiny",
+    ];
+    args.extend_from_slice(extra);
+    let s = Server::start(&args);
+    (dir, s)
+}
+
+fn post(s: &Server, path: &str, body: &Value) -> (u16, reqwest::header::HeaderMap, Value) {
+    let r = client().post(s.url(path)).json(body).send().unwrap();
+    let status = r.status().as_u16();
+    let headers = r.headers().clone();
+    let text = r.text().unwrap();
+    let v = serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON: {text}"));
+    (status, headers, v)
+}
+
+fn chat(content: &str, max_tokens: u32) -> Value {
+    json!({
+        "model": "tiny",
+        "messages": [{"role": "system", "content": "You answer."}, {"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0
+    })
+}
+
+#[test]
+fn chat_and_completions_answer_in_openais_shapes_and_report_cached_tokens() {
+    let (_d, s) = tiny_server(&[]);
+    let (status, headers, v) = post(
+        &s,
+        "/v1/chat/completions",
+        &chat("Tell me about rivers and lakes.", 8),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "chat.completion");
+    assert!(v["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    assert_eq!(v["model"], "tiny");
+    assert!(v["created"].as_u64().unwrap() > 1_600_000_000);
+    let choice = &v["choices"][0];
+    assert_eq!(choice["index"], 0);
+    assert_eq!(choice["message"]["role"], "assistant");
+    assert!(choice["message"]["content"].is_string());
+    assert!(["stop", "length"].contains(&choice["finish_reason"].as_str().unwrap()));
+    let u = &v["usage"];
+    let (p, c) = (
+        u["prompt_tokens"].as_u64().unwrap(),
+        u["completion_tokens"].as_u64().unwrap(),
+    );
+    assert!(p > 10 && (1..=8).contains(&c), "{u}");
+    assert_eq!(u["total_tokens"].as_u64().unwrap(), p + c);
+    assert!(
+        headers["x-kvb-ttft-ms"]
+            .to_str()
+            .unwrap()
+            .parse::<f64>()
+            .unwrap()
+            > 0.0
+    );
+    assert_eq!(
+        headers["x-kvb-prompt-tokens"].to_str().unwrap(),
+        p.to_string()
+    );
+
+    // The same conversation again: its prompt is resident, reported as OpenAI reports cached
+    // tokens, and the greedy answer is the same.
+    let (_, headers2, v2) = post(
+        &s,
+        "/v1/chat/completions",
+        &chat("Tell me about rivers and lakes.", 8),
+    );
+    let cached = v2["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(cached >= p - 1, "cached {cached} of {p}");
+    assert_eq!(
+        headers2["x-kvb-cached-tokens"].to_str().unwrap(),
+        cached.to_string()
+    );
+    assert_eq!(
+        v2["choices"][0]["message"]["content"],
+        choice["message"]["content"]
+    );
+
+    let (status, _, v) = post(
+        &s,
+        "/v1/completions",
+        &json!({"model": "tiny", "prompt": "The river flows", "max_tokens": 5, "temperature": 0}),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "text_completion");
+    assert!(v["id"].as_str().unwrap().starts_with("cmpl-"));
+    assert!(v["choices"][0]["text"].is_string());
+    assert!(v["usage"]["completion_tokens"].as_u64().unwrap() <= 5);
+    assert!(v["choices"][0]["finish_reason"].is_string());
+
+    // Token ids as the prompt.
+    let (status, _, v) = post(
+        &s,
+        "/v1/completions",
+        &json!({"model": "tiny", "prompt": [5, 6, 7, 8], "max_tokens": 2}),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["usage"]["prompt_tokens"], 4);
+
+    let (status, _, v) = post(
+        &s,
+        "/v1/warm",
+        &json!({"text": "A document to keep around. ".repeat(8)}),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert!(v["tokens"].as_u64().unwrap() > 50);
+
+    let models: Value = client()
+        .get(s.url("/v1/models"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(models["object"], "list");
+    assert_eq!(models["data"][0]["id"], "tiny");
+    let health: Value = client()
+        .get(s.url("/health"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(health["status"], "ok");
+    let stats: Value = client()
+        .get(s.url("/v1/stats"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert!(
+        stats["pool"]["blocks_resident"].as_u64().unwrap() > 0,
+        "{stats}"
+    );
+    assert_eq!(stats["pool"]["running"], 0);
+    let metrics = client()
+        .get(s.url("/metrics"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    for needle in [
+        "kvb_time_to_first_token_seconds_bucket",
+        "kvb_request_duration_seconds_count",
+        "kvb_cached_prompt_tokens_total",
+        "kvb_generated_tokens_total",
+        "kvb_pool_blocks_used",
+        "kvb_queue_depth",
+        "kvb_requests_total{endpoint=\"chat\",status=\"ok\"} 2",
+    ] {
+        assert!(metrics.contains(needle), "{needle} missing from\n{metrics}");
+    }
+}
+
+#[test]
+fn streaming_sends_a_chunk_per_token_then_the_finish_then_usage_then_done() {
+    let (_d, s) = tiny_server(&[]);
+    let (_, _, whole) = post(&s, "/v1/chat/completions", &chat("Name three colours.", 12));
+    let mut req = chat("Name three colours.", 12);
+    req["stream"] = json!(true);
+    req["stream_options"] = json!({"include_usage": true});
+    let r = client()
+        .post(s.url("/v1/chat/completions"))
+        .json(&req)
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert!(r.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
+    assert!(r.headers().contains_key("x-kvb-ttft-ms"));
+    let data = sse_data(&r.text().unwrap());
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert!(chunks
+        .iter()
+        .all(|c| c["object"] == "chat.completion.chunk"));
+    assert!(chunks.iter().all(|c| c["id"] == chunks[0]["id"]));
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let usage = &chunks.last().unwrap()["usage"];
+    assert_eq!(
+        chunks.last().unwrap()["choices"].as_array().unwrap().len(),
+        0
+    );
+    let finish = &chunks[chunks.len() - 2];
+    assert_eq!(
+        finish["choices"][0]["finish_reason"],
+        whole["choices"][0]["finish_reason"]
+    );
+    let content: Vec<&Value> = chunks[1..chunks.len() - 2]
+        .iter()
+        .map(|c| &c["choices"][0]["delta"]["content"])
+        .collect();
+    // One chunk per generated token (plus at most one for text held back until the end).
+    let tokens = usage["completion_tokens"].as_u64().unwrap() as usize;
+    assert!(
+        content.len() == tokens || content.len() == tokens + 1,
+        "{} chunks for {tokens} tokens",
+        content.len()
+    );
+    let text: String = content.iter().map(|c| c.as_str().unwrap()).collect();
+    assert_eq!(
+        text,
+        whole["choices"][0]["message"]["content"].as_str().unwrap()
+    );
+
+    // Completions stream too, ending the same way.
+    let r = client()
+        .post(s.url("/v1/completions"))
+        .json(&json!({"model": "tiny", "prompt": "Once", "max_tokens": 4, "stream": true}))
+        .send()
+        .unwrap();
+    let data = sse_data(&r.text().unwrap());
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    let last: Value = serde_json::from_str(&data[data.len() - 2]).unwrap();
+    assert_eq!(last["object"], "text_completion");
+    assert!(last["choices"][0]["finish_reason"].is_string());
+}
+
+#[test]
+fn bad_requests_get_openai_errors_and_the_server_keeps_answering() {
+    let (_d, s) = tiny_server(&["--max-body-bytes", "4000"]);
+    let expect = |body: &str, want: u16, param: Option<&str>, code: Option<&str>| {
+        let r = client()
+            .post(s.url("/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .unwrap();
+        assert_eq!(r.status().as_u16(), want, "{body}");
+        let v: Value = r.json().unwrap();
+        let e = &v["error"];
+        assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+        assert!(e["type"].is_string(), "{v}");
+        if let Some(p) = param {
+            assert_eq!(e["param"], p, "{v}");
+        }
+        if let Some(c) = code {
+            assert_eq!(e["code"], c, "{v}");
+        }
+    };
+    let ok_messages = r#""messages": [{"role": "user", "content": "hi"}]"#;
+    expect("{not json", 400, None, None);
+    expect("[1, 2]", 400, None, None);
+    expect(
+        &format!(r#"{{"model": "tiny", {ok_messages}, "max_tokens": "ten"}}"#),
+        400,
+        Some("max_tokens"),
+        None,
+    );
+    expect(&format!(r#"{{{ok_messages}}}"#), 400, Some("model"), None);
+    expect(r#"{"model": "tiny"}"#, 400, Some("messages"), None);
+    expect(
+        r#"{"model": "tiny", "messages": [{"role": "user"}]}"#,
+        400,
+        Some("messages[0].content"),
+        None,
+    );
+    expect(
+        r#"{"model": "tiny", "messages": [{"role": "robot", "content": "x"}]}"#,
+        400,
+        Some("messages[0].role"),
+        None,
+    );
+    expect(
+        &format!(r#"{{"model": "other", {ok_messages}}}"#),
+        404,
+        Some("model"),
+        Some("model_not_found"),
+    );
+    expect(
+        &format!(r#"{{"model": "tiny", {ok_messages}, "n": 2}}"#),
+        400,
+        Some("n"),
+        None,
+    );
+    expect(
+        &format!(r#"{{"model": "tiny", {ok_messages}, "temperature": 5}}"#),
+        400,
+        Some("temperature"),
+        None,
+    );
+    expect(
+        &format!(r#"{{"model": "tiny", {ok_messages}, "max_tokens": 0}}"#),
+        400,
+        Some("max_tokens"),
+        None,
+    );
+    // Over the context (the tiny model holds 256 tokens).
+    let long = "word ".repeat(400);
+    expect(
+        &json!({"model": "tiny", "messages": [{"role": "user", "content": long}]}).to_string(),
+        400,
+        Some("messages"),
+        Some("context_length_exceeded"),
+    );
+    // Over --max-body-bytes.
+    let huge = "word ".repeat(1000);
+    expect(
+        &json!({"model": "tiny", "messages": [{"role": "user", "content": huge}]}).to_string(),
+        413,
+        None,
+        None,
+    );
+    let (status, _, v) = post(
+        &s,
+        "/v1/completions",
+        &json!({"model": "tiny", "prompt": vec![7u32; 300]}),
+    );
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["code"], "context_length_exceeded");
+    let (status, _, v) = post(
+        &s,
+        "/v1/completions",
+        &json!({"model": "tiny", "prompt": [100000]}),
+    );
+    assert_eq!(status, 400, "{v}");
+    // Unknown routes and methods answer in the same shape.
+    let r = client().get(s.url("/v1/nothing")).send().unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    assert!(r.json::<Value>().unwrap()["error"]["message"].is_string());
+    let r = client().get(s.url("/v1/chat/completions")).send().unwrap();
+    assert_eq!(r.status().as_u16(), 405);
+    // Still answering.
+    let (status, _, _) = post(&s, "/v1/chat/completions", &chat("hi", 2));
+    assert_eq!(status, 200);
+}
+
+#[test]
+fn an_api_key_guards_the_v1_routes() {
+    let (_d, s) = tiny_server(&["--api-key", "sesame"]);
+    let get = |key: Option<&str>| {
+        let mut r = client().get(s.url("/v1/models"));
+        if let Some(k) = key {
+            r = r.bearer_auth(k);
+        }
+        r.send().unwrap()
+    };
+    let r = get(None);
+    assert_eq!(r.status().as_u16(), 401);
+    assert_eq!(
+        r.json::<Value>().unwrap()["error"]["type"],
+        "authentication_error"
+    );
+    assert_eq!(get(Some("wrong")).status().as_u16(), 401);
+    assert_eq!(get(Some("sesame")).status().as_u16(), 200);
+    let r = client()
+        .post(s.url("/v1/completions"))
+        .json(&json!({"model": "tiny", "prompt": "x"}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    assert_eq!(
+        client()
+            .get(s.url("/health"))
+            .send()
+            .unwrap()
+            .status()
+            .as_u16(),
+        200
+    );
+}
+
+#[test]
+fn a_request_past_its_timeout_gets_504_and_its_blocks_are_freed() {
+    let (_d, s) = tiny_server(&["--request-timeout", "0.000001"]);
+    let (status, _, v) = post(
+        &s,
+        "/v1/chat/completions",
+        &chat("Tell me a long story.", 200),
+    );
+    assert_eq!(status, 504, "{v}");
+    assert_eq!(v["error"]["code"], "timeout");
+    let mut req = chat("Tell me another long story.", 200);
+    req["stream"] = json!(true);
+    let r = client()
+        .post(s.url("/v1/chat/completions"))
+        .json(&req)
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 504);
+    // The cancelled sequences are gone.
+    let mut stats = Value::Null;
+    for _ in 0..100 {
+        stats = client()
+            .get(s.url("/v1/stats"))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        if stats["pool"]["running"] == 0 && stats["pool"]["waiting"] == 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(stats["pool"]["running"], 0, "{stats}");
+    let metrics = client()
+        .get(s.url("/metrics"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    assert!(
+        metrics.contains("kvb_requests_total{endpoint=\"chat\",status=\"timeout\"} 2"),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn the_openapi_document_describes_every_route_and_each_answers() {
+    let (_d, s) = tiny_server(&[]);
+    let doc: Value = client()
+        .get(s.url("/openapi.json"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
+    let paths = doc["paths"].as_object().unwrap();
+    for (path, method) in [
+        ("/v1/chat/completions", "post"),
+        ("/v1/completions", "post"),
+        ("/v1/models", "get"),
+        ("/v1/warm", "post"),
+        ("/v1/stats", "get"),
+        ("/health", "get"),
+        ("/metrics", "get"),
+        ("/openapi.json", "get"),
+    ] {
+        assert!(
+            paths.get(path).and_then(|p| p.get(method)).is_some(),
+            "{method} {path} missing"
+        );
+    }
+    // Every documented route is served: none answers 404 or 405.
+    for (path, item) in paths {
+        for method in item.as_object().unwrap().keys() {
+            let r = match method.as_str() {
+                "get" => client().get(s.url(path)).send().unwrap(),
+                "post" => client().post(s.url(path)).json(&json!({})).send().unwrap(),
+                other => panic!("unexpected method {other}"),
+            };
+            let code = r.status().as_u16();
+            assert!(code != 404 && code != 405, "{method} {path}: {code}");
+        }
+    }
+    // The request schemas name the fields the server reads.
+    let schemas = &doc["components"]["schemas"];
+    for field in [
+        "model",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "seed",
+        "stop",
+        "stream",
+        "stream_options",
+        "n",
+    ] {
+        assert!(
+            schemas["Sampling"]["properties"].get(field).is_some(),
+            "{field}"
+        );
+    }
+}
+
+#[test]
+fn greedy_text_from_the_server_equals_kvb_generate() {
+    let (dir, model) = tiny_model();
+    let s = Server::start(&[
+        "--model",
+        model.to_str().unwrap(),
+        "--served-model-name",
+        "tiny",
+    ]);
+    let prompt = "The capital of the country is";
+    let (_, _, v) = post(
+        &s,
+        "/v1/completions",
+        &json!({"model": "tiny", "prompt": prompt, "max_tokens": 16, "temperature": 0}),
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvb"))
+        .args([
+            "generate",
+            "--model",
+            model.to_str().unwrap(),
+            "--prompt",
+            prompt,
+            "--max-new-tokens",
+            "16",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let served = v["choices"][0]["text"].as_str().unwrap();
+    let generated = String::from_utf8_lossy(&out.stdout);
+    assert!(!served.is_empty());
+    assert_eq!(
+        served.trim_end_matches('\n'),
+        generated.trim_end_matches('\n')
+    );
+    drop(dir);
+}
