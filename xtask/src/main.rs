@@ -25,6 +25,10 @@ commands:
                 --reps N (default 3), --model PATH (a tiny model gets cut-down workloads), --out DIR
   bench concurrency  only the concurrency workload: 1, 4 and 16 clients (8-turn chats behind one
                 ~1,000-token system prompt) at once; output tokens/s, TTFT, pool memory
+  bench server  `kvb serve` on loopback under 1, 16 and 64 concurrent chat clients (4 turns behind
+                one system prompt, streamed over HTTP): TTFT p50/p99, tokens/s, errors; tables and
+                plots in bench/results/<date>-server/. Options: --quick, --clients 1,16,64,
+                --turns N, --max-tokens N, --time-limit S, --model PATH, --out DIR
   bench model   prefill/decode speed of the default model vs the machine's matmul rate
   bench cache   key hashing, KIVI quantize/dequantize, store lookups (100k chunks), disk tier";
 
@@ -155,6 +159,16 @@ fn ci() -> Result<()> {
         .collect();
     bench::run(&args, &kvb_binary()?)?;
     bench::check_output(&smoke)?;
+    // The server benchmark, briefly, on the default model: real HTTP clients, no errors.
+    let served = std::env::temp_dir().join("kvb-bench-server-smoke");
+    let _ = std::fs::remove_dir_all(&served);
+    let args = [
+        "--quick".to_string(),
+        "--out".to_string(),
+        served.to_string_lossy().into_owned(),
+    ];
+    bench::server::run(&args, &kvb_binary()?)?;
+    bench::server::check_output(&served)?;
     eprintln!("ci: all steps passed");
     Ok(())
 }
@@ -173,6 +187,7 @@ fn bench(args: &[String]) -> Result<()> {
         // Criterion benches of the cache crates, with short measurement windows: medians of
         // ~2 s of samples each are stable enough to compare, and the whole run stays near 2 min.
         Some("concurrency") => bench::run_concurrency_only(&args[1..], &kvb_binary()?),
+        Some("server") => bench::server::run(&args[1..], &kvb_binary()?),
         Some("cache") => run(cargo().args([
             "bench",
             "-p",

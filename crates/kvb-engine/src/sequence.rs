@@ -1,6 +1,6 @@
 //! [`Sequence`]: one request inside the scheduler, from its arrival to its last token.
 
-use crate::blocks::{BlockId, NodeId, ROOT};
+use crate::blocks::{BlockId, IndexCursor};
 use crate::config::GenerateOptions;
 use crate::plan::Piece;
 use crate::request::Sink;
@@ -72,10 +72,8 @@ pub(crate) struct Sequence {
     pub work: VecDeque<Work>,
     /// Slots from here on do not hold exactly what a full prefill computes.
     pub exact_until: usize,
-    /// The radix tree node of the last block indexed, and how many blocks of the table are
-    /// indexed (or were read from the tree).
-    pub node: NodeId,
-    pub indexed: usize,
+    /// How far the table is indexed in the radix tree.
+    pub cursor: IndexCursor,
     pub run: Continuation,
     pub stats: SeqStats,
 }
@@ -103,8 +101,7 @@ impl Sequence {
             filled: 0,
             work: VecDeque::new(),
             exact_until: usize::MAX,
-            node: ROOT,
-            indexed: 0,
+            cursor: IndexCursor::default(),
             run,
             stats: SeqStats::default(),
         }
@@ -140,8 +137,7 @@ impl Sequence {
         self.filled = 0;
         self.work.clear();
         self.exact_until = usize::MAX;
-        self.node = ROOT;
-        self.indexed = 0;
+        self.cursor = IndexCursor::default();
         self.prefill_len = self.tokens.len();
         self.stats.preemptions += 1;
     }

@@ -3,7 +3,7 @@
 //! block carries shadow "K/V" (the token and position written in each slot), so a write that
 //! reached a block another sequence reads would show up as wrong content for that reader.
 
-use kvb_engine::blocks::{BlockId, BlockManager, Insertion, NodeId, Removed, ROOT};
+use kvb_engine::blocks::{BlockId, BlockManager, IndexCursor, Insertion, NodeId, Removed, ROOT};
 
 use proptest::prelude::*;
 use std::collections::HashMap;
@@ -58,9 +58,8 @@ struct Seq {
     table: Vec<BlockId>,
     /// Slots with K/V (read from the tree, copied, or computed).
     computed: usize,
-    /// Blocks of the table already indexed by the tree (or read from it), and the last node.
-    indexed: usize,
-    node: NodeId,
+    /// How far the table is indexed by the tree (or was read from it).
+    cursor: IndexCursor,
     /// Slots from here on are approximate.
     approximate_from: usize,
 }
@@ -166,14 +165,15 @@ impl World {
         } else {
             m.exact_blocks * bs
         };
-        let indexed = m.blocks.len();
         self.history.push(tokens.clone());
         self.seqs.push(Some(Seq {
             tokens,
             table,
             computed,
-            indexed,
-            node,
+            cursor: IndexCursor {
+                node,
+                indexed: m.blocks.len(),
+            },
             approximate_from: approximate_from
                 .map_or(usize::MAX, |a| a.max(computed))
                 .min(exact_until),
@@ -188,37 +188,29 @@ impl World {
             return Ok(());
         };
         let limit = s.computed.min(s.tokens.len());
-        while s.indexed * bs < limit {
-            let from = s.indexed * bs;
-            let to = (from + bs).min(limit);
-            if to - from < bs && !finish {
-                break;
-            }
-            let approximate = to > s.approximate_from;
-            self.check_content(s.table[s.indexed], &s.tokens[from..to], from)?;
-            let mut block = s.table[s.indexed];
-            let node = self
-                .m
-                .index(s.node, &s.tokens[from..to], &mut block, approximate);
-            if block != s.table[s.indexed] {
-                // Adopted the tree's copy of the same tokens.
-                self.check_content(block, &s.tokens[from..to], from)?;
-                s.table[s.indexed] = block;
-            }
-            match node {
-                Some(n) => s.node = n,
-                None if !self.m.tree().contains(s.node) => {
-                    // The tree was cleared under the sequence: index its blocks again from the root.
-                    s.node = ROOT;
-                    s.indexed = 0;
-                    continue;
-                }
-                None => break,
-            }
-            if to - from < bs {
-                break;
-            }
-            s.indexed += 1;
+        // Every block about to be indexed holds its tokens' K/V.
+        for b in s.cursor.indexed..limit.div_ceil(bs).min(s.table.len()) {
+            self.check_content(
+                s.table[b],
+                &s.tokens[b * bs..((b + 1) * bs).min(limit)],
+                b * bs,
+            )?;
+        }
+        self.m.index_sequence(
+            &mut s.cursor,
+            &s.tokens,
+            &mut s.table,
+            limit,
+            s.approximate_from,
+            finish,
+        );
+        // A table entry switched to the tree's copy holds the same tokens' K/V.
+        for b in 0..limit.div_ceil(bs).min(s.table.len()) {
+            self.check_content(
+                s.table[b],
+                &s.tokens[b * bs..((b + 1) * bs).min(limit)],
+                b * bs,
+            )?;
         }
         self.seqs[i] = Some(s);
         Ok(())

@@ -45,7 +45,7 @@ fn read(corpus: &Path, name: &str) -> Result<String> {
 
 /// The shared system prompt: the support assistant's instructions and a handbook excerpt
 /// (~1,000 tokens on the default model; cut down for a tiny model's context).
-fn system_prompt(corpus: &Path, size: &Size) -> Result<String> {
+pub(super) fn system_prompt(corpus: &Path, size: &Size) -> Result<String> {
     let rules = read(corpus, "system_prompt.txt")?;
     let handbook: String = read(corpus, "long_document.md")?
         .chars()

@@ -7,6 +7,7 @@ mod concurrency;
 mod plots;
 mod report;
 mod results;
+pub mod server;
 mod workloads;
 
 use anyhow::{bail, Context, Result};

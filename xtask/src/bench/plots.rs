@@ -112,37 +112,72 @@ pub fn draw_all(dir: &Path, r: &Report) -> Result<()> {
 /// the clients' decode rate.
 fn concurrency(path: &Path, r: &Report) -> Result<()> {
     let c = &r.concurrency;
-    if c.is_empty() {
-        return Ok(());
-    }
-    let x_max = c.iter().map(|x| x.clients).max().unwrap_or(1) as f64 * 1.1;
-    let y_max = c
-        .iter()
-        .map(|x| x.output_tokens_per_sec.max(x.decode_tokens_per_sec))
-        .fold(1.0, f64::max)
-        * 1.15;
+    let points = |f: fn(&super::concurrency::ConcurrencyResult) -> f64| {
+        c.iter()
+            .map(|x| (x.clients as f64, f(x)))
+            .collect::<Vec<_>>()
+    };
+    by_clients(
+        path,
+        ("Concurrent chats: tokens per second", "tokens/s"),
+        &[
+            ("output (whole run)", points(|x| x.output_tokens_per_sec)),
+            ("decode (all clients)", points(|x| x.decode_tokens_per_sec)),
+        ],
+    )
+}
+
+/// `kvb serve` under load: TTFT percentiles, and tokens per second, against the client count.
+pub fn server(dir: &Path, results: &[super::server::ServerResult]) -> Result<()> {
+    let points = |f: fn(&super::server::ServerResult) -> f64| {
+        results
+            .iter()
+            .map(|x| (x.clients as f64, f(x)))
+            .collect::<Vec<_>>()
+    };
+    by_clients(
+        &dir.join("ttft.svg"),
+        ("kvb serve: time to first token", "ms"),
+        &[
+            ("p50, all turns", points(|x| x.ttft_p50_ms)),
+            ("p99, all turns", points(|x| x.ttft_p99_ms)),
+            ("p50, warm turns", points(|x| x.warm_ttft_p50_ms)),
+        ],
+    )?;
+    by_clients(
+        &dir.join("throughput.svg"),
+        ("kvb serve: tokens per second", "tokens/s"),
+        &[
+            ("output (whole run)", points(|x| x.output_tokens_per_sec)),
+            ("decode (all clients)", points(|x| x.decode_tokens_per_sec)),
+        ],
+    )
+}
+
+/// Lines of (clients, value) points, one per named series, from 0 up.
+fn by_clients(
+    path: &Path,
+    (caption, y_desc): (&str, &str),
+    series: &[(&str, Vec<(f64, f64)>)],
+) -> Result<()> {
+    let all = series.iter().flat_map(|(_, p)| p.iter());
+    let (x_max, y_max) = all.fold((1.0f64, 1.0f64), |(x, y), p| (x.max(p.0), y.max(p.1)));
     let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
     let mut chart = xy_chart(
         &root,
-        "Concurrent chats: tokens per second",
-        (0f64..x_max, "concurrent clients"),
-        (0f64..y_max, "tokens/s"),
+        caption,
+        (0f64..x_max * 1.1, "concurrent clients"),
+        (0f64..y_max * 1.15, y_desc),
     )?;
-    type Metric = fn(&super::concurrency::ConcurrencyResult) -> f64;
-    let series: [(&str, Metric); 2] = [
-        ("output (whole run)", |x| x.output_tokens_per_sec),
-        ("decode (all clients)", |x| x.decode_tokens_per_sec),
-    ];
-    for (i, (name, f)) in series.into_iter().enumerate() {
-        let points: Vec<(f64, f64)> = c.iter().map(|x| (x.clients as f64, f(x))).collect();
+    for (i, (name, points)) in series.iter().enumerate() {
         let col = color(i + 1);
         chart
             .draw_series(LineSeries::new(points.clone(), col.stroke_width(2)))
             .map_err(err)?
-            .label(name)
+            .label(*name)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], col.stroke_width(2)));
         chart
-            .draw_series(points.into_iter().map(|p| Circle::new(p, 4, col.filled())))
+            .draw_series(points.iter().map(|p| Circle::new(*p, 4, col.filled())))
             .map_err(err)?;
     }
     legend(&mut chart)?;

@@ -19,6 +19,24 @@ mod radix;
 pub use allocator::{BlockAllocator, BlockId};
 pub use radix::{BlockTree, Insertion, NodeId, Removed, TreeMatch, ROOT};
 
+/// How far a sequence's blocks are indexed in the tree: the node of its last indexed block and
+/// how many blocks of its table are indexed (or were read from the tree).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexCursor {
+    pub node: NodeId,
+    pub indexed: usize,
+}
+
+impl Default for IndexCursor {
+    /// Nothing indexed: at the root.
+    fn default() -> Self {
+        IndexCursor {
+            node: ROOT,
+            indexed: 0,
+        }
+    }
+}
+
 /// Counters of a [`BlockManager`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BlockCounters {
@@ -152,6 +170,50 @@ impl BlockManager {
                 Some(n)
             }
             Insertion::Covered(_) | Insertion::Orphan => None,
+        }
+    }
+
+    /// Indexes a sequence's blocks in the tree, from where it stands (`cursor`) up to token
+    /// `limit`: every full block, and with `finish` the partial last one too. Blocks reaching
+    /// past `exact_until` are flagged approximate. A table entry may switch to the tree's copy of
+    /// the same tokens (see [`BlockManager::index`]). If the tree was cleared under the sequence,
+    /// indexing starts again from the root.
+    pub fn index_sequence(
+        &mut self,
+        cursor: &mut IndexCursor,
+        tokens: &[u32],
+        table: &mut [BlockId],
+        limit: usize,
+        exact_until: usize,
+        finish: bool,
+    ) {
+        let bs = self.block_size;
+        let limit = limit.min(tokens.len());
+        while cursor.indexed * bs < limit && cursor.indexed < table.len() {
+            let from = cursor.indexed * bs;
+            let to = (from + bs).min(limit);
+            if to - from < bs && !finish {
+                break;
+            }
+            let approximate = to > exact_until;
+            let node = self.index(
+                cursor.node,
+                &tokens[from..to],
+                &mut table[cursor.indexed],
+                approximate,
+            );
+            match node {
+                Some(n) => cursor.node = n,
+                None if !self.tree.contains(cursor.node) => {
+                    *cursor = IndexCursor::default();
+                    continue;
+                }
+                None => break,
+            }
+            if to - from < bs {
+                break;
+            }
+            cursor.indexed += 1;
         }
     }
 

@@ -1,7 +1,7 @@
 //! Admission: a waiting request becomes a running sequence once its blocks fit.
 
 use super::Scheduler;
-use crate::blocks::BlockId;
+use crate::blocks::{BlockId, IndexCursor};
 use crate::config::GenerationMode;
 use crate::kv_transfer::write_pieces;
 use crate::plan::{runs, Plan, Planner};
@@ -102,8 +102,10 @@ impl<B: ModelBackend> Scheduler<B> {
         };
         seq.table = plan.pool_blocks.clone();
         seq.table.extend(fresh);
-        seq.indexed = plan.pool_blocks.len();
-        seq.node = plan.pool_node;
+        seq.cursor = IndexCursor {
+            node: plan.pool_node,
+            indexed: plan.pool_blocks.len(),
+        };
         let mut filled = plan.pool_blocks.len() * bs;
         if let Some((block, used)) = plan.pool_partial {
             // Copy-on-write: the sequence writes the rest of this block, so it gets its own copy.

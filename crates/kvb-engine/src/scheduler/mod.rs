@@ -180,8 +180,7 @@ impl<B: ModelBackend> Scheduler<B> {
         self.shared.store.clear()?;
         // Running sequences keep their blocks; they no longer extend tree paths.
         for s in &mut self.running {
-            s.node = crate::blocks::ROOT;
-            s.indexed = 0;
+            s.cursor = crate::blocks::IndexCursor::default();
         }
         Ok(())
     }

@@ -2,7 +2,6 @@
 //! sampling, streaming, indexing, finishing.
 
 use super::Scheduler;
-use crate::blocks::ROOT;
 use crate::config::GenerationMode;
 use crate::request::Event;
 use crate::result::{GenerationResult, Started};
@@ -256,38 +255,18 @@ impl<B: ModelBackend> Scheduler<B> {
         if s.options.mode == GenerationMode::Baseline || !config.keep_resident {
             return;
         }
-        let bs = self.blocks.block_size();
         let mut limit = s.final_until().min(s.cacheable_until());
         if !config.reuse_repaired {
             limit = limit.min(s.exact_until);
         }
-        while s.indexed * bs < limit && s.indexed < s.table.len() {
-            let from = s.indexed * bs;
-            let to = (from + bs).min(limit);
-            if to - from < bs && !finish {
-                break;
-            }
-            let approximate = to > s.exact_until;
-            let mut block = s.table[s.indexed];
-            let node = self
-                .blocks
-                .index(s.node, &s.tokens[from..to], &mut block, approximate);
-            s.table[s.indexed] = block;
-            match node {
-                Some(n) => s.node = n,
-                None if !self.blocks.tree().contains(s.node) => {
-                    // The tree was reset under the sequence: index it again from the root.
-                    s.node = ROOT;
-                    s.indexed = 0;
-                    continue;
-                }
-                None => break,
-            }
-            if to - from < bs {
-                break;
-            }
-            s.indexed += 1;
-        }
+        self.blocks.index_sequence(
+            &mut s.cursor,
+            &s.tokens,
+            &mut s.table,
+            limit,
+            s.exact_until,
+            finish,
+        );
     }
 
     /// Ends a sequence that generated what it should: indexes its blocks, stores its new exact

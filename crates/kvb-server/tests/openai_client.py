@@ -1,0 +1,98 @@
+"""Drives `kvb serve` with the real `openai` Python package, as an application would.
+
+usage: openai_client.py BASE_URL MODEL
+
+Every check is an assert; the script exits non-zero at the first one that fails and prints a
+one-line summary when all pass.
+"""
+
+import sys
+
+import openai
+from openai import OpenAI
+
+base_url, model = sys.argv[1], sys.argv[2]
+client = OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
+
+# /v1/models lists the served model.
+models = [m.id for m in client.models.list().data]
+assert models == [model], models
+
+messages = [
+    {"role": "system", "content": "You are a helpful assistant who answers in one sentence."},
+    {"role": "user", "content": "Name three colours of the rainbow."},
+]
+
+# Chat, whole answer.
+first = client.chat.completions.create(
+    model=model, messages=messages, max_tokens=12, temperature=0
+)
+assert first.object == "chat.completion", first.object
+assert first.id and first.created > 0
+choice = first.choices[0]
+assert choice.message.role == "assistant"
+assert isinstance(choice.message.content, str)
+assert choice.finish_reason in ("stop", "length"), choice.finish_reason
+assert first.usage.prompt_tokens > 0
+assert 0 < first.usage.completion_tokens <= 12, first.usage
+assert first.usage.total_tokens == first.usage.prompt_tokens + first.usage.completion_tokens
+
+# The same prompt again: greedy gives the same answer, and most of the prompt is cached.
+again = client.chat.completions.create(
+    model=model, messages=messages, max_tokens=12, temperature=0
+)
+assert again.choices[0].message.content == choice.message.content
+cached = again.usage.prompt_tokens_details.cached_tokens
+assert cached > 0 and cached <= again.usage.prompt_tokens, again.usage
+
+# Chat, streamed with usage: the deltas add up to the same answer.
+stream = client.chat.completions.create(
+    model=model,
+    messages=messages,
+    max_tokens=12,
+    temperature=0,
+    stream=True,
+    stream_options={"include_usage": True},
+)
+text, finish, usage, chunks = "", None, None, 0
+for chunk in stream:
+    assert chunk.object == "chat.completion.chunk", chunk.object
+    if chunk.usage is not None:
+        usage = chunk.usage
+    for c in chunk.choices:
+        chunks += 1
+        text += c.delta.content or ""
+        finish = c.finish_reason or finish
+assert text == choice.message.content, (text, choice.message.content)
+assert finish == choice.finish_reason, finish
+assert usage is not None and usage.completion_tokens == first.usage.completion_tokens, usage
+assert usage.prompt_tokens_details.cached_tokens > 0, usage
+# One chunk per token at least (the role chunk and the finish chunk come on top).
+assert chunks >= usage.completion_tokens, (chunks, usage.completion_tokens)
+
+# Completions, whole and streamed, agree.
+prompt = "The three primary colours are"
+whole = client.completions.create(model=model, prompt=prompt, max_tokens=8, temperature=0)
+assert whole.object == "text_completion", whole.object
+streamed = "".join(
+    c.choices[0].text
+    for c in client.completions.create(
+        model=model, prompt=prompt, max_tokens=8, temperature=0, stream=True
+    )
+    if c.choices
+)
+assert streamed == whole.choices[0].text, (streamed, whole.choices[0].text)
+
+# Errors arrive as the SDK's typed exceptions.
+try:
+    client.chat.completions.create(model=model, messages=messages, n=2)
+    raise AssertionError("n=2 was accepted")
+except openai.BadRequestError as e:
+    assert e.status_code == 400
+try:
+    client.chat.completions.create(model="no-such-model", messages=messages)
+    raise AssertionError("an unknown model was accepted")
+except openai.NotFoundError as e:
+    assert e.status_code == 404
+
+print(f"openai client: ok ({cached} of {again.usage.prompt_tokens} prompt tokens cached on the repeat)")
