@@ -23,7 +23,9 @@ pub use radix::{BlockTree, Insertion, NodeId, Removed, TreeMatch, ROOT};
 /// how many blocks of its table are indexed (or were read from the tree).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IndexCursor {
+    /// The node of the last indexed block ([`ROOT`] when none is).
     pub node: NodeId,
+    /// Blocks of the table indexed (or read from the tree), from the first.
     pub indexed: usize,
 }
 

@@ -10,10 +10,43 @@ use kvb_attn::fastmath::fast_exp;
 use rayon::prelude::*;
 
 /// Up to this many rows, a product runs through [`super::few_rows`], which streams the
-/// weight once instead of packing it (burn-ndarray sends every product through
-/// matrixmultiply, which packs the whole `[k, n]` weight on each call: the LM head took 107
-/// ms per decode step). Above it, packing pays for itself.
+/// weight once instead of packing it (matrixmultiply packs the whole `[k, n]` weight on each
+/// call: the LM head took 107 ms per decode step). Above it, packing pays for itself and
+/// [`packed_matmul`] calls matrixmultiply directly.
 const FEW_ROWS_MAX: usize = 32;
+
+/// `y = x · w` for row-major `x [m, k]` and `w [k, n]` by matrixmultiply's sgemm, the product
+/// burn-ndarray runs too, but called on the slices as they are: burn-ndarray's `matmul`
+/// reshapes its operands to 3-d first, which copied the whole weight on every call (all of the
+/// model's 540 MB per step, on one thread, with fresh pages to fault in).
+fn packed_matmul(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    assert!(
+        x.len() >= m * k && w.len() >= k * n,
+        "packed_matmul: operand sizes"
+    );
+    let mut y = vec![0f32; m * n];
+    // SAFETY: x holds m rows of k, w holds k rows of n, y holds m rows of n, all row-major with
+    // the strides given; the three do not overlap (y is a fresh allocation).
+    unsafe {
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            1.0,
+            x.as_ptr(),
+            k as isize,
+            1,
+            w.as_ptr(),
+            n as isize,
+            1,
+            0.0,
+            y.as_mut_ptr(),
+            n as isize,
+            1,
+        );
+    }
+    y
+}
 
 fn f32_slice(t: &NdArrayTensor) -> Option<(Vec<usize>, &[f32])> {
     match t {
@@ -168,9 +201,6 @@ impl ModelBackend for NdArray<f32> {
     fn linear_matmul(x: Tensor<Self, 2>, w: Tensor<Self, 2>) -> Tensor<Self, 2> {
         let [m, k] = x.dims();
         let [_, n] = w.dims();
-        if m > FEW_ROWS_MAX {
-            return x.matmul(w);
-        }
         let device = x.device();
         let (xp, wp) = match (x.clone().into_primitive(), w.clone().into_primitive()) {
             (TensorPrimitive::Float(a), TensorPrimitive::Float(b)) => (a, b),
@@ -178,7 +208,11 @@ impl ModelBackend for NdArray<f32> {
         };
         match (f32_slice(&xp), f32_slice(&wp)) {
             (Some((xs, xv)), Some((ws, wv))) if xs == [m, k] && ws == [k, n] => {
-                let y = super::few_rows::matmul(xv, wv, m, k, n);
+                let y = if m > FEW_ROWS_MAX {
+                    packed_matmul(xv, wv, m, k, n)
+                } else {
+                    super::few_rows::matmul(xv, wv, m, k, n)
+                };
                 Tensor::from_data(TensorData::new(y, [m, n]), &device)
             }
             // Not contiguous f32: the generic path is always correct.
@@ -291,4 +325,31 @@ fn pool_write_generic(
         &device,
     );
     backend_ops::pool_write_reference(pool, slots, values)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+        /// The direct call computes the bits burn-ndarray's `matmul` computes, so a row's result
+        /// does not depend on whether its step had more or fewer than [`FEW_ROWS_MAX`] rows
+        /// (`few_rows` matches the same product bit for bit).
+        #[test]
+        fn packed_matmul_matches_burn_ndarray_bit_for_bit(m in 1usize..80, k in 1usize..600, n in 1usize..70, seed in 0u32..1000) {
+            let val = |i: usize| (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 2001) as f32 - 1000.0) / 700.0;
+            let x: Vec<f32> = (0..m * k).map(val).collect();
+            let w: Vec<f32> = (0..k * n).map(|i| val(i + 7919)).collect();
+            let dev = Default::default();
+            let xt = Tensor::<NdArray<f32>, 2>::from_data(TensorData::new(x.clone(), [m, k]), &dev);
+            let wt = Tensor::<NdArray<f32>, 2>::from_data(TensorData::new(w.clone(), [k, n]), &dev);
+            let want = xt.matmul(wt).into_data().to_vec::<f32>().unwrap();
+            let got = packed_matmul(&x, &w, m, k, n);
+            for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                prop_assert_eq!(g.to_bits(), e.to_bits(), "element {} of [{}, {}]", i, m, n);
+            }
+        }
+    }
 }
