@@ -7,7 +7,7 @@
 //! after it; a request that hangs is an error, not a wait).
 
 use super::concurrency::system_prompt;
-use super::results::median;
+use super::results::{median, percentile};
 use super::workloads::Size;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
@@ -326,16 +326,6 @@ fn client(
             }
         }
     }
-}
-
-fn percentile(values: &[f64], p: f64) -> f64 {
-    if values.is_empty() {
-        return 0.0;
-    }
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    let rank = (p / 100.0 * (v.len() - 1) as f64).round() as usize;
-    v[rank.min(v.len() - 1)]
 }
 
 fn measure(kvb: &Path, o: &Options, clients: usize, raw: &Path) -> Result<ServerResult> {
