@@ -229,8 +229,10 @@ impl<B: ModelBackend> KvPool<B> {
             )));
         }
         for layer in 0..self.layers.len() {
-            let (k, v) = self.read(layer, from)?;
-            self.write(layer, to, k, v)?;
+            self.check_slots(layer, from, None)?;
+            self.check_slots(layer, to, None)?;
+            let (k, v) = self.layers[layer].take().expect("layer present");
+            self.layers[layer] = Some((B::pool_copy(k, from, to), B::pool_copy(v, from, to)));
         }
         Ok(())
     }
@@ -262,5 +264,57 @@ impl<B: ModelBackend> KvPool<B> {
             .into_iter()
             .map(|s| self.pool_slot(blocks, s))
             .collect()
+    }
+}
+
+#[cfg(all(test, feature = "ndarray"))]
+mod tests {
+    use super::*;
+    use burn::tensor::TensorData;
+    type Cpu = burn::backend::NdArray<f32>;
+
+    /// A block's copy-on-write: the copied slots hold the source's values in every layer, K and V,
+    /// and no other slot changes (the CPU's in-place copy against the generic gather + write).
+    #[test]
+    fn copy_slots_copies_exactly_the_given_slots() {
+        let dev = Default::default();
+        let (layers, h, d, bs) = (3, 2, 4, 4);
+        let mut pool = KvPool::<Cpu>::new(layers, (h, d), bs, 4, &dev).unwrap();
+        let slots: Vec<usize> = (0..16).collect();
+        for layer in 0..layers {
+            let val = |salt: usize| {
+                let data: Vec<f32> = (0..h * 16 * d)
+                    .map(|i| (i * 7 + layer * 131 + salt) as f32)
+                    .collect();
+                Tensor::<Cpu, 3>::from_data(TensorData::new(data, [h, 16, d]), &dev)
+            };
+            pool.write(layer, &slots, val(0), val(1000)).unwrap();
+        }
+        let before: Vec<_> = (0..layers)
+            .map(|l| pool.read_host(l, &slots).unwrap())
+            .collect();
+        let (from, to) = ([1usize, 2, 3], [9usize, 10, 11]);
+        pool.copy_slots(&from, &to).unwrap();
+        for (layer, (k0, v0)) in before.iter().enumerate() {
+            let (k, v) = pool.read_host(layer, &slots).unwrap();
+            for (now, was) in [(&k, k0), (&v, v0)] {
+                for head in 0..h {
+                    for s in 0..16 {
+                        let src = from
+                            .iter()
+                            .zip(&to)
+                            .find(|(_, t)| **t == s)
+                            .map_or(s, |(f, _)| *f);
+                        let at = |slot: usize| (head * 16 + slot) * d;
+                        assert_eq!(
+                            now[at(s)..at(s) + d],
+                            was[at(src)..at(src) + d],
+                            "layer {layer} head {head} slot {s}"
+                        );
+                    }
+                }
+            }
+        }
+        assert!(pool.copy_slots(&[1, 2], &[3]).is_err());
     }
 }

@@ -64,6 +64,13 @@ pub trait ModelBackend: AttentionBackend {
         Self::pool_write(pool, slots, values)
     }
 
+    /// Copies the values at pool slots `from` onto pool slots `to` (as many, distinct, none in
+    /// both): a block's copy-on-write. Here by a gather and a write, which stays on the device.
+    fn pool_copy(pool: Tensor<Self, 3>, from: &[usize], to: &[usize]) -> Tensor<Self, 3> {
+        let values = pool_read(&pool, from);
+        Self::pool_write(pool, to, values)
+    }
+
     /// The values at pool slots `slots`, `[kv_heads, n, head_dim]`, on the host.
     fn pool_read_host(pool: &Tensor<Self, 3>, slots: &[usize]) -> Vec<f32> {
         pool_read(pool, slots)

@@ -248,6 +248,13 @@ impl ModelBackend for NdArray<f32> {
         write_in_place(pool, slots, src)
     }
 
+    /// On the host, in place: a gather into a small buffer and a write, without the tensor ops
+    /// of the generic path (60 of them per copied block, ~1.5 ms of a warm request's assembly).
+    fn pool_copy(pool: Tensor<Self, 3>, from: &[usize], to: &[usize]) -> Tensor<Self, 3> {
+        let values = Self::pool_read_host(&pool, from);
+        write_in_place(pool, to, HostKv::all(&values, from.len()))
+    }
+
     fn pool_read_host(pool: &Tensor<Self, 3>, slots: &[usize]) -> Vec<f32> {
         let [h, total, d] = pool.dims();
         let n = slots.len();
