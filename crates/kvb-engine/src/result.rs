@@ -128,6 +128,7 @@ pub struct WarmResult {
 
 /// The pool's state ([`crate::Engine::paged_stats`]).
 #[derive(Debug, Clone, Default, PartialEq)]
+#[cfg_attr(feature = "schema", derive(serde::Serialize, utoipa::ToSchema))]
 pub struct PoolStats {
     /// Token slots per block.
     pub block_size: usize,

@@ -19,27 +19,6 @@ fn chat(content: &str, max_tokens: u32, stream: bool) -> Value {
     })
 }
 
-fn stats(s: &Server) -> Value {
-    client()
-        .get(s.url("/v1/stats"))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap()
-}
-
-/// Waits until no sequence runs or waits.
-fn idle(s: &Server) -> Value {
-    for _ in 0..500 {
-        let st = stats(s);
-        if st["pool"]["running"] == 0 && st["pool"]["waiting"] == 0 {
-            return st;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    panic!("the server never went idle: {}", stats(s));
-}
-
 /// Sends a streaming request on a raw socket and returns it once the first event arrived.
 fn open_stream(s: &Server, body: &Value) -> std::net::TcpStream {
     let addr = s.base.trim_start_matches("http://");
@@ -85,7 +64,7 @@ fn disconnecting_cancels_the_sequence_and_a_full_queue_answers_503() {
         .send()
         .unwrap();
     assert_eq!(r.status().as_u16(), 200);
-    let before = idle(&s);
+    let before = s.idle();
     assert_eq!(
         before["pool"]["blocks_used"],
         before["pool"]["blocks_resident"]
@@ -105,13 +84,13 @@ fn disconnecting_cancels_the_sequence_and_a_full_queue_answers_503() {
     assert_eq!(r.headers()["retry-after"], "1");
     let v: Value = r.json().unwrap();
     assert_eq!(v["error"]["code"], "server_overloaded");
-    assert_eq!(stats(&s)["pool"]["running"], 1);
+    assert_eq!(s.stats()["pool"]["running"], 1);
 
     // The client goes away mid-answer: its sequence stops and its blocks are freed at once,
     // long before 400 tokens could have been generated (~30 ms each).
     let t = std::time::Instant::now();
     drop(sock);
-    let after = idle(&s);
+    let after = s.idle();
     assert!(
         t.elapsed() < Duration::from_secs(5),
         "cancel took {:?}",
@@ -124,12 +103,7 @@ fn disconnecting_cancels_the_sequence_and_a_full_queue_answers_503() {
         "{after}"
     );
     assert_eq!(after["pool"]["blocks_shared"], 0, "{after}");
-    let metrics = client()
-        .get(s.url("/metrics"))
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
+    let metrics = s.metrics();
     assert!(
         metrics.contains("kvb_requests_total{endpoint=\"chat\",status=\"cancelled\"} 1"),
         "{metrics}"

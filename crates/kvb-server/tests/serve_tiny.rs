@@ -139,23 +139,13 @@ fn chat_and_completions_answer_in_openais_shapes_and_report_cached_tokens() {
         .json()
         .unwrap();
     assert_eq!(health["status"], "ok");
-    let stats: Value = client()
-        .get(s.url("/v1/stats"))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
+    let stats = s.stats();
     assert!(
         stats["pool"]["blocks_resident"].as_u64().unwrap() > 0,
         "{stats}"
     );
     assert_eq!(stats["pool"]["running"], 0);
-    let metrics = client()
-        .get(s.url("/metrics"))
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
+    let metrics = s.metrics();
     for needle in [
         "kvb_time_to_first_token_seconds_bucket",
         "kvb_request_duration_seconds_count",
@@ -401,26 +391,9 @@ fn a_request_past_its_timeout_gets_504_and_its_blocks_are_freed() {
         .unwrap();
     assert_eq!(r.status().as_u16(), 504);
     // The cancelled sequences are gone.
-    let mut stats = Value::Null;
-    for _ in 0..100 {
-        stats = client()
-            .get(s.url("/v1/stats"))
-            .send()
-            .unwrap()
-            .json()
-            .unwrap();
-        if stats["pool"]["running"] == 0 && stats["pool"]["waiting"] == 0 {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    let stats = s.idle();
     assert_eq!(stats["pool"]["running"], 0, "{stats}");
-    let metrics = client()
-        .get(s.url("/metrics"))
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
+    let metrics = s.metrics();
     assert!(
         metrics.contains("kvb_requests_total{endpoint=\"chat\",status=\"timeout\"} 2"),
         "{metrics}"

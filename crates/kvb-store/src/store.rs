@@ -70,6 +70,7 @@ pub enum Inserted {
 
 /// Counters and sizes of a store.
 #[derive(Debug, Clone, Default, PartialEq)]
+#[cfg_attr(feature = "schema", derive(serde::Serialize, utoipa::ToSchema))]
 pub struct StoreStats {
     /// Lookups answered by prefix key.
     pub hits: u64,

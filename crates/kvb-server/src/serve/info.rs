@@ -10,6 +10,7 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 use axum::{Extension, Json};
+use kvb_engine::{PoolStats, StoreStats};
 use kvb_model::ChatMessage;
 use serde::Serialize;
 use std::sync::Arc;
@@ -99,82 +100,30 @@ pub struct Stats {
     /// The K/V pool.
     pub pool: PoolView,
     /// The chunk store (second tier).
-    pub store: StoreView,
+    pub store: StoreStats,
 }
 
-/// The pool's counters (see kvb-engine's `PoolStats`).
+/// The pool's counters, with their sizes in bytes.
 #[derive(Serialize, ToSchema)]
 pub struct PoolView {
-    pub block_size: usize,
-    pub block_bytes: usize,
-    pub blocks_total: usize,
-    pub blocks_used: usize,
-    pub blocks_shared: usize,
-    pub blocks_resident: usize,
-    pub blocks_approximate: usize,
-    pub peak_blocks_used: usize,
+    #[serde(flatten)]
+    pub counters: PoolStats,
+    /// Bytes of K/V the pool holds now.
     pub bytes_used: usize,
+    /// The pool's budget in bytes.
     pub bytes_total: usize,
-    pub bytes_saved_by_sharing: usize,
-    pub resident_sequences: usize,
-    pub running: usize,
-    pub waiting: usize,
-    pub evictions: u64,
-    pub preemptions: u64,
-    pub requests: u64,
-}
-
-/// The chunk store's counters (see kvb-store's `StoreStats`).
-#[derive(Serialize, ToSchema)]
-pub struct StoreView {
-    pub hits: u64,
-    pub approximate_hits: u64,
-    pub misses: u64,
-    pub hit_rate: f64,
-    pub evictions: u64,
-    pub ram_chunks: usize,
-    pub ram_bytes: usize,
-    pub disk_chunks: usize,
-    pub disk_bytes: u64,
-    pub corrupt_records: u64,
 }
 
 #[utoipa::path(get, path = "/v1/stats", responses((status = 200, body = Stats), (status = 401, body = ErrorBody)))]
 pub async fn stats(State(app): State<Arc<AppState>>) -> Json<Stats> {
-    let p = app.engine.paged_stats();
-    let s = app.engine.cache_stats();
+    let counters = app.engine.paged_stats();
     Json(Stats {
         pool: PoolView {
-            block_size: p.block_size,
-            block_bytes: p.block_bytes,
-            blocks_total: p.blocks_total,
-            blocks_used: p.blocks_used,
-            blocks_shared: p.blocks_shared,
-            blocks_resident: p.blocks_resident,
-            blocks_approximate: p.blocks_approximate,
-            peak_blocks_used: p.peak_blocks_used,
-            bytes_used: p.bytes_used(),
-            bytes_total: p.bytes_total(),
-            bytes_saved_by_sharing: p.bytes_saved_by_sharing,
-            resident_sequences: p.resident_sequences,
-            running: p.running,
-            waiting: p.waiting,
-            evictions: p.evictions,
-            preemptions: p.preemptions,
-            requests: p.requests,
+            bytes_used: counters.bytes_used(),
+            bytes_total: counters.bytes_total(),
+            counters,
         },
-        store: StoreView {
-            hits: s.hits,
-            approximate_hits: s.approximate_hits,
-            misses: s.misses,
-            hit_rate: s.hit_rate,
-            evictions: s.evictions,
-            ram_chunks: s.ram_chunks,
-            ram_bytes: s.ram_bytes,
-            disk_chunks: s.disk_chunks,
-            disk_bytes: s.disk_bytes,
-            corrupt_records: s.corrupt_records,
-        },
+        store: app.engine.cache_stats(),
     })
 }
 

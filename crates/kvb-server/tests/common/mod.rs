@@ -79,6 +79,38 @@ impl Server {
         format!("{}{path}", self.base)
     }
 
+    /// `GET /v1/stats`.
+    pub fn stats(&self) -> serde_json::Value {
+        client()
+            .get(self.url("/v1/stats"))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap()
+    }
+
+    /// `GET /metrics`: the Prometheus text.
+    pub fn metrics(&self) -> String {
+        client()
+            .get(self.url("/metrics"))
+            .send()
+            .unwrap()
+            .text()
+            .unwrap()
+    }
+
+    /// Waits until no sequence runs or waits, and returns the stats then.
+    pub fn idle(&self) -> serde_json::Value {
+        for _ in 0..500 {
+            let st = self.stats();
+            if st["pool"]["running"] == 0 && st["pool"]["waiting"] == 0 {
+                return st;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("the server never went idle: {}", self.stats());
+    }
+
     /// Everything the server logged so far.
     pub fn log(&self) -> String {
         self.log.lock().unwrap().clone()

@@ -27,7 +27,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Instant;
-use summary::{percentile, PoolSummary, Summary, TokenTrie};
+use summary::{percentile, Summary, TokenTrie};
 
 /// Arguments of `kvb replay`.
 #[derive(Args, Debug)]
@@ -316,7 +316,7 @@ fn run_on<B: ModelBackend>(
             pool_peak_bytes: peak,
             distinct_token_bytes: distinct * token_bytes,
             pool_memory_ratio: peak as f64 / (distinct * token_bytes).max(1) as f64,
-            pool: PoolSummary::from(&pool),
+            pool,
         };
         std::fs::write(p, serde_json::to_string_pretty(&summary)?)
             .with_context(|| format!("writing {}", p.display()))?;

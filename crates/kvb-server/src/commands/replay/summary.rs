@@ -73,35 +73,7 @@ pub struct Summary {
     pub distinct_token_bytes: usize,
     /// `pool_peak_bytes / distinct_token_bytes`.
     pub pool_memory_ratio: f64,
-    pub pool: PoolSummary,
-}
-
-/// The pool at the end.
-#[derive(Serialize)]
-pub struct PoolSummary {
-    pub block_size: usize,
-    pub block_bytes: usize,
-    pub blocks_total: usize,
-    pub blocks_used: usize,
-    pub peak_blocks_used: usize,
-    pub blocks_resident: usize,
-    pub evictions: u64,
-    pub preemptions: u64,
-}
-
-impl From<&PoolStats> for PoolSummary {
-    fn from(p: &PoolStats) -> Self {
-        PoolSummary {
-            block_size: p.block_size,
-            block_bytes: p.block_bytes,
-            blocks_total: p.blocks_total,
-            blocks_used: p.blocks_used,
-            peak_blocks_used: p.peak_blocks_used,
-            blocks_resident: p.blocks_resident,
-            evictions: p.evictions,
-            preemptions: p.preemptions,
-        }
-    }
+    pub pool: PoolStats,
 }
 
 #[cfg(test)]
