@@ -2,6 +2,7 @@
 //! [`GenerateOptions::default`]); the command line reads its defaults from them.
 
 use kvb_model::generate::SamplingParams;
+use kvb_model::WeightPrecision;
 use kvb_quant::{Bits, QuantConfig};
 use kvb_repair::RecomputeStrategy;
 use kvb_store::{EvictionPolicy, KvFormat};
@@ -113,6 +114,8 @@ pub struct EngineConfig {
     pub sink_tokens: usize,
     /// Refuse unknown architectures.
     pub strict: bool,
+    /// The precision the model's weights are held in.
+    pub weights: WeightPrecision,
     /// Token slots per block of the K/V pool (a power of two).
     pub block_size: usize,
     /// Byte budget of the K/V pool (`None`: a quarter of the machine's memory, see
@@ -155,6 +158,7 @@ impl Default for EngineConfig {
             boundary_window: 0,
             sink_tokens: 0,
             strict: true,
+            weights: WeightPrecision::Auto,
             block_size: 32,
             max_pool_bytes: None,
             keep_resident: true,

@@ -56,11 +56,13 @@ impl<B: ModelBackend> Engine<B> {
             path,
             LoadOptions {
                 strict: config.strict,
+                weights: config.weights,
             },
             device,
             &mut |_, _| {},
         )?;
-        let fingerprint = model_fingerprint(path, m.format, m.model.config())?;
+        let fingerprint =
+            model_fingerprint(path, m.format, m.model.config(), m.model.weight_precision())?;
         Self::new(m.model, m.tokenizer, &fingerprint, config)
     }
 

@@ -2,7 +2,7 @@
 //! cached K/V can never be served to another model, or to the same architecture with other weights.
 
 use crate::EngineError;
-use kvb_model::{ModelConfig, ModelFormat};
+use kvb_model::{ModelConfig, ModelFormat, WeightPrecision};
 use std::path::{Path, PathBuf};
 
 fn weight_files(path: &Path, format: ModelFormat) -> Result<Vec<PathBuf>, EngineError> {
@@ -29,9 +29,15 @@ pub fn model_fingerprint(
     path: &Path,
     format: ModelFormat,
     config: &ModelConfig,
+    precision: WeightPrecision,
 ) -> Result<[u8; 32], EngineError> {
     let mut h = blake3::Hasher::new_derive_key("kvb 2026-11 model fingerprint");
     h.update(config.to_hf_json().to_string().as_bytes());
+    // Weights kept as stored and weights expanded to f32 compute the same bits (see
+    // kvb_model::packed), so they share one cache; a lossy precision gets its own.
+    if precision.is_lossy() {
+        h.update(format!("weights {precision}").as_bytes());
+    }
     for file in weight_files(path, format)? {
         let f = std::fs::File::open(&file).map_err(|e| EngineError::Io {
             what: format!("opening {}", file.display()),

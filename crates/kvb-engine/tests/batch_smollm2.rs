@@ -29,7 +29,13 @@ fn loaded() -> &'static (Pretrained<Cpu>, [u8; 32]) {
             &mut |_, _| {},
         )
         .unwrap();
-        let fp = model_fingerprint(&path, m.format, m.model.config()).unwrap();
+        let fp = model_fingerprint(
+            &path,
+            m.format,
+            m.model.config(),
+            m.model.weight_precision(),
+        )
+        .unwrap();
         (m, fp)
     })
 }

@@ -10,6 +10,7 @@
 //! | configs (Llama, Qwen2, Mistral, Gemma, Phi-3) and the compatibility check | [`config`] |
 //! | weights from safetensors (single or sharded; f32/f16/bf16) | [`weights`] |
 //! | weights, config and tokenizer from GGUF (F32/F16/BF16/Q8_0/Q4_0/Q4_1) | [`gguf`] |
+//! | weights kept packed in their stored precision (Q4_0/Q4_1/Q8_0), `--weights` | [`packed`], [`WeightPrecision`] |
 //! | tokenizer and chat templates | [`tokenizer`] |
 //! | RoPE at arbitrary positions, re-rotation of cached keys | [`rope`] |
 //! | the transformer and its forward pass over ragged batches | [`model`] |
@@ -26,6 +27,8 @@
 //!   (`tests/incremental.rs`);
 //! - a sequence run in a ragged batch with others, its K/V anywhere in a pool, gives the same
 //!   logits as run alone, bit for bit on the CPU (`tests/batched.rs`);
+//! - weights kept packed compute the bits their f32 expansion computes (`tests/packed_weights.rs`,
+//!   and SmolLM2's GGUF against its converted folder in `tests/golden_smollm2.rs`);
 //! - re-rotating keys from position p to q equals encoding them at q ([`rope`]);
 //! - malformed configs, checkpoints and GGUF files are errors naming the problem, never panics.
 //!
@@ -50,6 +53,7 @@ pub mod gguf;
 pub mod kv_cache;
 pub mod kv_pool;
 pub mod model;
+pub mod packed;
 mod pretrained;
 pub mod rope;
 pub mod tokenizer;
@@ -59,7 +63,7 @@ pub use config::{Family, ModelConfig};
 pub use error::{ModelError, Result};
 pub use kv_cache::KvCache;
 pub use kv_pool::KvPool;
-pub use model::{ForwardBatch, HostKv, LogitsFor, Model, ModelBackend, SeqRows};
+pub use model::{ForwardBatch, HostKv, LogitsFor, Model, ModelBackend, SeqRows, WeightPrecision};
 pub use pretrained::{
     detect_format, load_config, load_pretrained, LoadOptions, ModelFormat, Pretrained,
 };

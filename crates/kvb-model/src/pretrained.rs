@@ -3,7 +3,7 @@
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufModel;
-use crate::model::{Model, ModelBackend};
+use crate::model::{Model, ModelBackend, WeightPrecision};
 use crate::tokenizer::Tokenizer;
 use crate::weights::SafetensorsDir;
 use std::path::{Path, PathBuf};
@@ -22,11 +22,16 @@ pub enum ModelFormat {
 pub struct LoadOptions {
     /// Refuse unknown architectures (on by default).
     pub strict: bool,
+    /// The precision weights are held in (default: as stored).
+    pub weights: WeightPrecision,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { strict: true }
+        LoadOptions {
+            strict: true,
+            weights: WeightPrecision::Auto,
+        }
     }
 }
 
@@ -85,7 +90,10 @@ pub fn load_pretrained<B: ModelBackend>(
             let config = ModelConfig::from_file(&path.join("config.json"), options.strict)?;
             let tokenizer = Tokenizer::from_dir(path)?;
             let weights = SafetensorsDir::open(path)?;
-            (Model::load(&config, &weights, device, progress)?, tokenizer)
+            (
+                Model::load_with(&config, &weights, options.weights, device, progress)?,
+                tokenizer,
+            )
         }
         ModelFormat::Gguf => {
             let gguf = GgufModel::open(path)?;
@@ -96,7 +104,10 @@ pub fn load_pretrained<B: ModelBackend>(
                     gguf.special_token("tokenizer.ggml.bos_token_id"),
                     gguf.special_token("tokenizer.ggml.eos_token_id"),
                 );
-            (Model::load(&config, &gguf, device, progress)?, tokenizer)
+            (
+                Model::load_with(&config, &gguf, options.weights, device, progress)?,
+                tokenizer,
+            )
         }
     };
     Ok(Pretrained {

@@ -180,6 +180,56 @@ fn smollm2_from_gguf_matches_transformers() {
     check(&m, "gguf");
 }
 
+/// The GGUF's Q4_1 blocks kept packed compute the bits of their f32 expansion (the HF folder
+/// converted from the same file), prefill and decode.
+#[test]
+fn smollm2_packed_gguf_equals_its_f32_folder_bit_for_bit() {
+    let paths = model_paths();
+    let load = |p: &std::path::Path| {
+        load_pretrained::<B>(
+            p,
+            LoadOptions::default(),
+            &Default::default(),
+            &mut |_, _| {},
+        )
+        .unwrap()
+    };
+    let (packed, folder) = (load(&paths.gguf), load(&paths.hf_dir));
+    assert!(packed.model.weight_bytes() * 4 < folder.model.weight_bytes());
+    let ids = folder
+        .tokenizer
+        .encode(
+            &"The quick brown fox jumps over the lazy dog because ".repeat(4),
+            false,
+        )
+        .unwrap();
+    assert!(ids.len() > 32, "more rows than the few-row kernels take");
+    let logits = |m: &kvb_model::Model<B>| {
+        let mut cache = m.new_cache();
+        let pos: Vec<usize> = (0..ids.len()).collect();
+        let mut out: Vec<f32> = m
+            .forward(&ids, &pos, &mut cache, kvb_model::LogitsFor::All)
+            .unwrap()
+            .into_data()
+            .to_vec()
+            .unwrap();
+        let next = ids.len();
+        let step = m
+            .forward(&ids[..1], &[next], &mut cache, kvb_model::LogitsFor::Last)
+            .unwrap();
+        out.extend(step.into_data().to_vec::<f32>().unwrap());
+        out
+    };
+    let (a, b) = (logits(&packed.model), logits(&folder.model));
+    assert_eq!(a.len(), b.len());
+    let differing = a
+        .iter()
+        .zip(&b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count();
+    assert_eq!(differing, 0, "{differing} of {} logits differ", a.len());
+}
+
 #[test]
 fn smollm2_from_hf_folder_matches_transformers() {
     let paths = model_paths();

@@ -4,7 +4,7 @@ use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use kvb_engine::{model_fingerprint, Engine, EngineConfig};
 use kvb_model::fetch::{ensure_default_model, models_dir};
-use kvb_model::{load_pretrained, LoadOptions, ModelBackend, Pretrained};
+use kvb_model::{load_pretrained, LoadOptions, ModelBackend, Pretrained, WeightPrecision};
 use std::path::{Path, PathBuf};
 
 /// The model path to use: the given one, or the default model (fetched if absent).
@@ -15,7 +15,8 @@ pub fn resolve(model: Option<&Path>) -> anyhow::Result<PathBuf> {
             let dir = models_dir();
             let paths = ensure_default_model(&dir, &mut |line| eprintln!("{line}"))
                 .context("preparing the default model (pass --model PATH to use another)")?;
-            Ok(paths.hf_dir)
+            // The GGUF as shipped: its Q4_1 weights stay packed (see kvb_model::packed).
+            Ok(paths.gguf)
         }
     }
 }
@@ -23,7 +24,7 @@ pub fn resolve(model: Option<&Path>) -> anyhow::Result<PathBuf> {
 /// Loads `path` on `device`, showing a progress bar on stderr.
 pub fn load<B: ModelBackend>(
     path: &Path,
-    strict: bool,
+    options: LoadOptions,
     device: &B::Device,
 ) -> anyhow::Result<Pretrained<B>> {
     let bar = ProgressBar::new(1);
@@ -37,7 +38,7 @@ pub fn load<B: ModelBackend>(
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default(),
     );
-    let m = load_pretrained::<B>(path, LoadOptions { strict }, device, &mut |done, total| {
+    let m = load_pretrained::<B>(path, options, device, &mut |done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     })
@@ -52,9 +53,23 @@ pub fn load_engine<B: ModelBackend>(
     config: EngineConfig,
     device: &B::Device,
 ) -> anyhow::Result<Engine<B>> {
-    let m = load::<B>(path, config.strict, device)?;
+    let options = LoadOptions {
+        strict: config.strict,
+        weights: config.weights,
+    };
+    let m = load::<B>(path, options, device)?;
     let fingerprint =
-        model_fingerprint(path, m.format, m.model.config()).context("fingerprinting the model")?;
+        model_fingerprint(path, m.format, m.model.config(), m.model.weight_precision())
+            .context("fingerprinting the model")?;
+    eprintln!(
+        "weights: {:.0} MB ({})",
+        m.model.weight_bytes() as f64 / 1e6,
+        match m.model.weight_precision() {
+            WeightPrecision::Auto => "as stored",
+            WeightPrecision::F32 => "f32",
+            WeightPrecision::Q8_0 => "q8_0",
+        }
+    );
     let explicit = config.max_pool_bytes.is_some();
     let engine = Engine::new(m.model, m.tokenizer, &fingerprint, config)?;
     let p = engine.paged_stats();

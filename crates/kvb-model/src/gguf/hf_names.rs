@@ -38,16 +38,21 @@ pub fn to_hf(gguf: &str) -> Option<String> {
 
 /// Undoes llama.cpp's q/k row permutation: GGUF rows are ordered `[heads, head_dim/2, 2]`, HF rows
 /// `[heads, 2, head_dim/2]` (the two RoPE halves of each head).
-pub fn unpermute_rows(data: &[f32], shape: &[usize], heads: usize) -> Result<Vec<f32>> {
+pub fn unpermute_rows<T: Copy + Default>(
+    data: &[T],
+    shape: &[usize],
+    heads: usize,
+) -> Result<Vec<T>> {
     let rows = shape[0];
-    let cols: usize = shape[1..].iter().product();
-    if heads == 0 || rows % (heads * 2) != 0 {
+    // Elements per row: a quantized row is its run of block bytes.
+    let cols = data.len() / rows.max(1);
+    if heads == 0 || rows % (heads * 2) != 0 || cols * rows != data.len() {
         return Err(ModelError::Weights(format!(
             "cannot undo the RoPE row permutation of a {shape:?} tensor over {heads} heads"
         )));
     }
     let half = rows / heads / 2;
-    let mut out = vec![0f32; data.len()];
+    let mut out = vec![T::default(); data.len()];
     for h in 0..heads {
         for i in 0..half {
             for s in 0..2 {

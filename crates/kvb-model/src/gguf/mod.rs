@@ -11,7 +11,8 @@ pub use parse::{GgmlType, GgufHeader, GgufValue, TensorInfo};
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::weights::{HostTensor, TensorSource};
+use crate::packed::BlockTensor;
+use crate::weights::{HostTensor, StoredTensor, TensorSource};
 use memmap2::Mmap;
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -125,30 +126,59 @@ impl TensorSource for GgufModel {
     }
 
     fn read(&self, name: &str) -> Result<HostTensor> {
+        let (info, g) = self.info(name)?;
+        let data = dequantize(info.ggml_type, &self.mmap[info.range.clone()]);
+        Ok(HostTensor {
+            shape: info.shape.clone(),
+            data: self.unpermute(g, &info.shape, data)?,
+        })
+    }
+
+    /// A 2-d Q4_0, Q4_1 or Q8_0 tensor as its blocks (rows in the HF order), anything else as f32.
+    fn read_stored(&self, name: &str) -> Result<StoredTensor> {
+        let (info, g) = self.info(name)?;
+        if info.shape.len() != 2 || !BlockTensor::packable(info.ggml_type) {
+            return self.read(name).map(StoredTensor::F32);
+        }
+        let bytes = self.mmap[info.range.clone()].to_vec();
+        Ok(StoredTensor::Blocks(BlockTensor {
+            ggml_type: info.ggml_type,
+            rows: info.shape[0],
+            cols: info.shape[1],
+            bytes: self.unpermute(g, &info.shape, bytes)?,
+        }))
+    }
+}
+
+impl GgufModel {
+    fn info(&self, name: &str) -> Result<(&TensorInfo, &str)> {
         let g = self
             .hf_to_gguf
             .get(name)
             .ok_or_else(|| ModelError::Weights(format!("tensor `{name}` is missing")))?;
-        let info = &self.header.tensors[g];
-        let mut data = dequantize(info.ggml_type, &self.mmap[info.range.clone()]);
-        // llama.cpp interleaves the two RoPE halves of each q/k head for the llama architecture.
-        if self.arch == "llama" {
-            if g.ends_with("attn_q.weight") || g.ends_with("attn_q.bias") {
-                data = hf_names::unpermute_rows(
-                    &data,
-                    &info.shape,
-                    self.head_count("attention.head_count")?,
-                )?;
-            } else if g.ends_with("attn_k.weight") || g.ends_with("attn_k.bias") {
-                let kv = self
-                    .head_count("attention.head_count_kv")
-                    .or_else(|_| self.head_count("attention.head_count"))?;
-                data = hf_names::unpermute_rows(&data, &info.shape, kv)?;
-            }
+        Ok((&self.header.tensors[g], g))
+    }
+
+    /// Rows of a GGUF tensor in the HF order: llama.cpp interleaves the two RoPE halves of each
+    /// q/k head for the llama architecture. `data` holds whole rows (values or block bytes).
+    fn unpermute<T: Copy + Default>(
+        &self,
+        g: &str,
+        shape: &[usize],
+        data: Vec<T>,
+    ) -> Result<Vec<T>> {
+        if self.arch != "llama" {
+            return Ok(data);
         }
-        Ok(HostTensor {
-            shape: info.shape.clone(),
-            data,
-        })
+        if g.ends_with("attn_q.weight") || g.ends_with("attn_q.bias") {
+            hf_names::unpermute_rows(&data, shape, self.head_count("attention.head_count")?)
+        } else if g.ends_with("attn_k.weight") || g.ends_with("attn_k.bias") {
+            let kv = self
+                .head_count("attention.head_count_kv")
+                .or_else(|_| self.head_count("attention.head_count"))?;
+            hf_names::unpermute_rows(&data, shape, kv)
+        } else {
+            Ok(data)
+        }
     }
 }

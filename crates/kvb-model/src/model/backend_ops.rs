@@ -5,6 +5,7 @@
 //! reason to. burn-ndarray's overrides are in `cpu_ops.rs`.
 
 use crate::config::Activation;
+use crate::packed::PackedMatrix;
 use crate::rope::RopeTables;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
@@ -15,6 +16,18 @@ pub trait ModelBackend: AttentionBackend {
     /// `x`: `[m, k]` times `w`: `[k, n]` (contiguous) -> `[m, n]`.
     fn linear_matmul(x: Tensor<Self, 2>, w: Tensor<Self, 2>) -> Tensor<Self, 2> {
         x.matmul(w)
+    }
+
+    /// Whether [`ModelBackend::packed_linear`] runs on packed weights as they are; where it does
+    /// not, the loader expands packed weights to f32 (the same values) at load.
+    fn runs_packed_weights() -> bool {
+        false
+    }
+
+    /// `x`: `[m, k]` times a packed weight `[k, n]` -> `[m, n]`. Here by expanding the weight
+    /// (correct everywhere, and as slow and large as f32 weights).
+    fn packed_linear(x: Tensor<Self, 2>, w: &PackedMatrix) -> Tensor<Self, 2> {
+        packed_linear_reference(x, w)
     }
 
     /// Splits fused projections `qkv` `[n, (hq + 2 hkv) d]` into q `[1, hq, n, d]` and k, v
@@ -184,6 +197,12 @@ pub fn split_heads_reference<B: burn::tensor::backend::Backend>(
         rope.apply(heads(hq, hkv)),
         heads(hq + hkv, hkv),
     ]
+}
+
+/// [`ModelBackend::packed_linear`] by expanding the weight to f32 first.
+pub fn packed_linear_reference<B: ModelBackend>(x: Tensor<B, 2>, w: &PackedMatrix) -> Tensor<B, 2> {
+    let dense = Tensor::from_data(TensorData::new(w.to_dense(), [w.k(), w.n()]), &x.device());
+    B::linear_matmul(x, dense)
 }
 
 /// [`ModelBackend::rms_norm`] in burn tensor ops.

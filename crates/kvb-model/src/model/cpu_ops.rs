@@ -3,6 +3,7 @@
 
 use super::backend_ops::{self, runs, HostKv, ModelBackend};
 use crate::config::Activation;
+use crate::packed::{PackedMatrix, CELL_ROWS, GROUP};
 use crate::rope::RopeTables;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 use burn_ndarray::{NdArray, NdArrayTensor};
@@ -220,6 +221,50 @@ impl ModelBackend for NdArray<f32> {
         }
     }
 
+    fn runs_packed_weights() -> bool {
+        true
+    }
+
+    /// Few rows: each task expands its columns of the weight into a cache-sized scratch and runs
+    /// the f32 kernels on it (the weight streams at its stored size). More rows: the whole weight
+    /// is expanded once (rows amortise it) and multiplied by matrixmultiply. Both compute what the
+    /// f32 weight would (see [`crate::packed`]).
+    fn packed_linear(x: Tensor<Self, 2>, w: &PackedMatrix) -> Tensor<Self, 2> {
+        let [m, k] = x.dims();
+        let n = w.n();
+        let device = x.device();
+        let Some(xp) = rows_of(&x) else {
+            return backend_ops::packed_linear_reference(x, w);
+        };
+        let Some((xs, xv)) = f32_slice(&xp) else {
+            return backend_ops::packed_linear_reference(x, w);
+        };
+        if xs != [m, k] || k != w.k() {
+            return backend_ops::packed_linear_reference(x, w);
+        }
+        let cells = k / CELL_ROWS;
+        let y = if m > FEW_ROWS_MAX {
+            let mut dense = vec![0f32; k * n];
+            if n % GROUP == 0 {
+                // Row bands of one cell each, in parallel.
+                dense
+                    .par_chunks_mut(CELL_ROWS * n)
+                    .enumerate()
+                    .for_each(|(c, rows)| w.dequantize_into((c, c + 1), (0, n), rows, n));
+            } else {
+                dense = w.to_dense();
+            }
+            packed_matmul(xv, &dense, m, k, n)
+        } else if let Some(y) = super::packed_rows::matmul(xv, m, w) {
+            y
+        } else {
+            super::few_rows::matmul_by_columns(xv, m, k, n, |j0, cols, scratch, stride| {
+                w.dequantize_into((0, cells), (j0, cols), scratch, stride)
+            })
+        };
+        Tensor::from_data(TensorData::new(y, [m, n]), &device)
+    }
+
     /// From a zeroed allocation: the pages are mapped lazily, so a large pool costs memory only
     /// as its blocks are first written (burn's `zeros` writes every element).
     fn pool_zeros(shape: [usize; 3], device: &burn::tensor::Device<Self>) -> Tensor<Self, 3> {
@@ -356,6 +401,41 @@ mod tests {
             let got = packed_matmul(&x, &w, m, k, n);
             for (i, (g, e)) in got.iter().zip(&want).enumerate() {
                 prop_assert_eq!(g.to_bits(), e.to_bits(), "element {} of [{}, {}]", i, m, n);
+            }
+        }
+
+        /// A product over packed weights gives the bits of the same product over the weights
+        /// expanded to f32, for few rows (per-task expansion) and many (whole expansion), so a
+        /// model answers the same whether it keeps its GGUF's blocks or expands them.
+        #[test]
+        fn packed_products_equal_the_f32_products_bit_for_bit(
+            m in prop_oneof![1usize..9, 30usize..40], blocks_per_row in 1usize..20, n in 1usize..200,
+            eight_bit in any::<bool>(), seed in 0u32..1000,
+        ) {
+            let k = blocks_per_row * CELL_ROWS;
+            let val = |i: usize| (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 2001) as f32 - 1000.0) / 700.0;
+            let w: Vec<f32> = (0..n * k).map(|i| val(i + 7919)).collect();
+            let packed = if eight_bit {
+                PackedMatrix::quantize_q8_0(&[(&w, n)], k).unwrap()
+            } else {
+                // 4-bit values: a Q4_1 block per 32 weights of each output row.
+                let mut bytes = Vec::new();
+                for (b, block) in w.chunks(CELL_ROWS).enumerate() {
+                    bytes.extend(half::f16::from_f32(0.01 + (b % 7) as f32 * 0.003).to_le_bytes());
+                    bytes.extend(half::f16::from_f32(-0.1).to_le_bytes());
+                    bytes.extend((0..16).map(|i| ((block[i].to_bits() ^ block[i + 16].to_bits() << 4) & 0xff) as u8));
+                }
+                let t = crate::packed::BlockTensor { ggml_type: crate::gguf::GgmlType::Q4_1, rows: n, cols: k, bytes };
+                PackedMatrix::from_blocks(&[t]).unwrap()
+            };
+            let x: Vec<f32> = (0..m * k).map(val).collect();
+            let dev = Default::default();
+            let xt = Tensor::<NdArray<f32>, 2>::from_data(TensorData::new(x, [m, k]), &dev);
+            let dense = Tensor::<NdArray<f32>, 2>::from_data(TensorData::new(packed.to_dense(), [k, n]), &dev);
+            let want = NdArray::<f32>::linear_matmul(xt.clone(), dense).into_data().to_vec::<f32>().unwrap();
+            let got = NdArray::<f32>::packed_linear(xt, &packed).into_data().to_vec::<f32>().unwrap();
+            for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                prop_assert_eq!(g.to_bits(), e.to_bits(), "element {} of [{}, {}] x [{}, {}]", i, m, k, k, n);
             }
         }
     }

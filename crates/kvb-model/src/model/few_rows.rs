@@ -70,9 +70,44 @@ pub fn matmul(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
     })
 }
 
+/// `y = x · w` for a weight held in another form (packed, quantized): each parallel task asks
+/// `fill(j0, cols, scratch, stride)` for its columns `j0..j0 + cols` as f32, row-major `[k,
+/// stride]` (`stride` is `cols` rounded up to 8), and multiplies by them with the kernels of
+/// [`matmul`]. So for the same f32 values, the same bits as [`matmul`] and as matrixmultiply.
+pub fn matmul_by_columns(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    fill: impl Fn(usize, usize, &mut [f32], usize) + Sync,
+) -> Vec<f32> {
+    assert!(x.len() >= m * k, "matmul_by_columns: operand sizes");
+    thread_local! {
+        /// A task's weight columns, reused: a fresh allocation of this size per task would be
+        /// mapped, faulted in and unmapped every time.
+        static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let width = BAND
+        * if n >= WIDE {
+            BANDS_PER_WIDE_TASK
+        } else {
+            BANDS_PER_TASK
+        };
+    in_column_ranges(m, n, width, |j0, cols, tile| {
+        SCRATCH.with_borrow_mut(|w| {
+            let stride = cols.div_ceil(8) * 8;
+            if w.len() < k * stride {
+                w.resize(k * stride, 0.0);
+            }
+            fill(j0, cols, &mut w[..k * stride], stride);
+            columns(x, w, m, k, stride, 0, cols, tile);
+        })
+    })
+}
+
 /// `y [m, n]` computed in parallel tasks, each owning columns `j0..j0 + cols` (`width` wide, the
 /// last narrower) and filling them through `fill(j0, cols, tile)` into its `[m, cols]` tile.
-fn in_column_ranges(
+pub(crate) fn in_column_ranges(
     m: usize,
     n: usize,
     width: usize,

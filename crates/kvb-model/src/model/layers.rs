@@ -2,10 +2,12 @@
 
 use super::backend_ops::ModelBackend;
 use crate::config::Activation;
+use crate::packed::PackedMatrix;
 use crate::weights::HostTensor;
 use burn::tensor::activation::{gelu, gelu_approximate, silu};
 use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{Int, Tensor, TensorData};
+use std::sync::Arc;
 
 /// `y = x W + b` with `W` stored `[in, out]`, contiguous.
 ///
@@ -13,8 +15,17 @@ use burn::tensor::{Tensor, TensorData};
 /// non-contiguous right-hand side on every matmul, which would dominate a decode step.
 #[derive(Debug, Clone)]
 pub struct Linear<B: ModelBackend> {
-    weight: Tensor<B, 2>,
+    weight: LinearWeight<B>,
     bias: Option<Tensor<B, 1>>,
+}
+
+/// A projection's weight: f32 on the backend, or kept packed in its stored precision on a
+/// backend that multiplies packed weights ([`ModelBackend::runs_packed_weights`]).
+#[derive(Debug, Clone)]
+enum LinearWeight<B: ModelBackend> {
+    Dense(Tensor<B, 2>),
+    /// Shared: a tied LM head is the token embedding.
+    Packed(Arc<PackedMatrix>),
 }
 
 impl<B: ModelBackend> Linear<B> {
@@ -31,22 +42,49 @@ impl<B: ModelBackend> Linear<B> {
             row0 += r;
         }
         Linear {
-            weight: Tensor::from_data(TensorData::new(t, [cols, rows]), device),
-            bias: bias.map(|b| {
-                let n = b.len();
-                Tensor::from_data(TensorData::new(b, [n]), device)
-            }),
+            weight: LinearWeight::Dense(Tensor::from_data(
+                TensorData::new(t, [cols, rows]),
+                device,
+            )),
+            bias: bias_tensor(bias, device),
         }
     }
 
     /// Builds from a weight already laid out `[in, out]`.
     pub fn from_in_out(weight: Tensor<B, 2>) -> Self {
-        Linear { weight, bias: None }
+        Linear {
+            weight: LinearWeight::Dense(weight),
+            bias: None,
+        }
+    }
+
+    /// Builds from a packed weight, kept packed where the backend multiplies packed weights
+    /// and expanded to f32 (the same values) elsewhere.
+    pub fn from_packed(
+        weight: Arc<PackedMatrix>,
+        bias: Option<Vec<f32>>,
+        device: &B::Device,
+    ) -> Self {
+        let weight = if B::runs_packed_weights() {
+            LinearWeight::Packed(weight)
+        } else {
+            LinearWeight::Dense(Tensor::from_data(
+                TensorData::new(weight.to_dense(), [weight.k(), weight.n()]),
+                device,
+            ))
+        };
+        Linear {
+            weight,
+            bias: bias_tensor(bias, device),
+        }
     }
 
     /// `x`: `[n, in]` -> `[n, out]`.
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        let y = B::linear_matmul(x, self.weight.clone());
+        let y = match &self.weight {
+            LinearWeight::Dense(w) => B::linear_matmul(x, w.clone()),
+            LinearWeight::Packed(w) => B::packed_linear(x, w),
+        };
         match &self.bias {
             Some(b) => y + b.clone().unsqueeze::<2>(),
             None => y,
@@ -55,8 +93,29 @@ impl<B: ModelBackend> Linear<B> {
 
     /// Output width.
     pub fn out_dim(&self) -> usize {
-        self.weight.dims()[1]
+        match &self.weight {
+            LinearWeight::Dense(w) => w.dims()[1],
+            LinearWeight::Packed(w) => w.n(),
+        }
     }
+
+    /// Bytes the weight holds.
+    pub fn weight_bytes(&self) -> usize {
+        match &self.weight {
+            LinearWeight::Dense(w) => w.shape().num_elements() * 4,
+            LinearWeight::Packed(w) => w.bytes(),
+        }
+    }
+}
+
+fn bias_tensor<B: ModelBackend>(
+    bias: Option<Vec<f32>>,
+    device: &B::Device,
+) -> Option<Tensor<B, 1>> {
+    bias.map(|b| {
+        let n = b.len();
+        Tensor::from_data(TensorData::new(b, [n]), device)
+    })
 }
 
 /// Writes the transpose of `src` (`[rows, cols]`) into columns `col0..col0 + rows` of `dst`
@@ -77,6 +136,48 @@ fn transpose_into(
                     dst[c * dst_cols + col0 + r] = src[r * cols + c];
                 }
             }
+        }
+    }
+}
+
+/// The token embedding table `[vocab, hidden]`: on the backend in f32, or packed (its rows are
+/// the packed matrix's columns, expanded per looked-up token).
+#[derive(Debug, Clone)]
+pub enum Embedding<B: ModelBackend> {
+    /// `[vocab, hidden]` on the backend.
+    Dense(Tensor<B, 2>),
+    /// `[hidden, vocab]` packed (shared with a tied LM head).
+    Packed(Arc<PackedMatrix>),
+}
+
+impl<B: ModelBackend> Embedding<B> {
+    /// From host values `[vocab, hidden]`.
+    pub fn dense(t: HostTensor, device: &B::Device) -> Self {
+        let shape = [t.shape[0], t.shape[1]];
+        Embedding::Dense(Tensor::from_data(TensorData::new(t.data, shape), device))
+    }
+
+    /// `[n, hidden]`: the rows of `tokens` (each below the vocabulary size).
+    pub fn lookup(&self, tokens: &[u32], device: &B::Device) -> Tensor<B, 2> {
+        let n = tokens.len();
+        match self {
+            Embedding::Dense(table) => {
+                let ids: Vec<i64> = tokens.iter().map(|&t| t as i64).collect();
+                let ids = Tensor::<B, 1, Int>::from_data(TensorData::new(ids, [n]), device);
+                table.clone().select(0, ids)
+            }
+            Embedding::Packed(p) => {
+                let rows: Vec<f32> = tokens.iter().flat_map(|&t| p.column(t as usize)).collect();
+                Tensor::from_data(TensorData::new(rows, [n, p.k()]), device)
+            }
+        }
+    }
+
+    /// Bytes the table holds.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Embedding::Dense(t) => t.shape().num_elements() * 4,
+            Embedding::Packed(p) => p.bytes(),
         }
     }
 }

@@ -7,17 +7,21 @@ mod cpu_ops;
 #[cfg(feature = "ndarray")]
 mod few_rows;
 mod layers;
+#[cfg(feature = "ndarray")]
+mod packed_rows;
+mod precision;
 
 pub use backend_ops::{pool_read, pool_write_reference, HostKv, ModelBackend};
 pub use batch::{ForwardBatch, SeqRows};
-pub use layers::{activate, Linear, RmsNorm};
+pub use layers::{activate, Embedding, Linear, RmsNorm};
+pub use precision::WeightPrecision;
 
 use crate::config::{Family, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
 use crate::kv_pool::KvPool;
 use crate::rope::{Rope, RopeTables};
-use crate::weights::{HostTensor, TensorSource, WeightLoader};
+use crate::weights::{StoredTensor, TensorSource, WeightLoader};
 use batch::Layout;
 use burn::tensor::{Int, Tensor, TensorData};
 use kvb_attn::{AttentionBackend, PagedBatch};
@@ -56,11 +60,14 @@ pub struct Model<B: ModelBackend> {
     config: ModelConfig,
     rope: Rope,
     /// `[vocab, hidden]`.
-    embed: Tensor<B, 2>,
+    embed: Embedding<B>,
     blocks: Vec<Block<B>>,
     norm: RmsNorm<B>,
-    /// `[hidden, vocab]`, contiguous (a copy of the embedding when tied).
+    /// `[hidden, vocab]` (a transposed copy of the embedding when tied and f32; the same
+    /// packed matrix when packed).
     lm_head: Linear<B>,
+    /// The precision the weights were asked for.
+    precision: WeightPrecision,
     device: B::Device,
 }
 
@@ -70,10 +77,22 @@ fn take_vec(loader: &WeightLoader, name: &str, shape: &[usize]) -> Result<Vec<f3
 
 impl<B: ModelBackend> Model<B> {
     /// Builds the model from `source`, checking every tensor's shape and that none is left unused.
-    /// `progress(done, total)` is called after each block.
+    /// `progress(done, total)` is called after each block. Weights as stored
+    /// ([`WeightPrecision::Auto`]).
     pub fn load(
         config: &ModelConfig,
         source: &dyn TensorSource,
+        device: &B::Device,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self> {
+        Self::load_with(config, source, WeightPrecision::Auto, device, progress)
+    }
+
+    /// [`Model::load`] with weights held in `precision`.
+    pub fn load_with(
+        config: &ModelConfig,
+        source: &dyn TensorSource,
+        precision: WeightPrecision,
         device: &B::Device,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
@@ -83,14 +102,21 @@ impl<B: ModelBackend> Model<B> {
         let (q_out, kv_out) = (c.num_heads * hd, c.num_kv_heads * hd);
         let total = c.num_layers + 2;
 
-        let embed = loader.take("model.embed_tokens.weight", &[c.vocab_size, h])?;
-        let lm_head = if c.tie_word_embeddings {
-            Linear::from_torch(std::slice::from_ref(&embed), None, device)
-        } else {
-            let w = loader.take("lm_head.weight", &[c.vocab_size, h])?;
-            Linear::from_torch(&[w], None, device)
+        let linear = |parts, bias| precision::linear::<B>(parts, bias, precision, device);
+        let embed = loader.take_stored("model.embed_tokens.weight", &[c.vocab_size, h])?;
+        let (embed, tied_head) = precision::embedding_and_tied_head::<B>(
+            embed,
+            c.tie_word_embeddings,
+            precision,
+            device,
+        )?;
+        let lm_head = match tied_head {
+            Some(head) => head,
+            None => linear(
+                vec![loader.take_stored("lm_head.weight", &[c.vocab_size, h])?],
+                None,
+            )?,
         };
-        let embed = Tensor::from_data(TensorData::new(embed.data, [c.vocab_size, h]), device);
         progress(1, total);
 
         let mut blocks = Vec::with_capacity(c.num_layers);
@@ -104,8 +130,9 @@ impl<B: ModelBackend> Model<B> {
                     device,
                 ))
             };
-            let (qkv_w, qkv_b): (Vec<HostTensor>, Option<Vec<f32>>) = if c.family == Family::Phi3 {
-                let w = loader.take(
+            let (qkv_w, qkv_b): (Vec<StoredTensor>, Option<Vec<f32>>) = if c.family == Family::Phi3
+            {
+                let w = loader.take_stored(
                     &format!("{p}.self_attn.qkv_proj.weight"),
                     &[q_out + 2 * kv_out, h],
                 )?;
@@ -118,7 +145,9 @@ impl<B: ModelBackend> Model<B> {
                 let mut ws = Vec::new();
                 let mut bs = Vec::new();
                 for (name, out) in [("q_proj", q_out), ("k_proj", kv_out), ("v_proj", kv_out)] {
-                    ws.push(loader.take(&format!("{p}.self_attn.{name}.weight"), &[out, h])?);
+                    ws.push(
+                        loader.take_stored(&format!("{p}.self_attn.{name}.weight"), &[out, h])?,
+                    );
                     let bias_name = format!("{p}.self_attn.{name}.bias");
                     if c.attention_bias {
                         bs.extend(take_vec(&loader, &bias_name, &[out])?);
@@ -126,7 +155,7 @@ impl<B: ModelBackend> Model<B> {
                 }
                 (ws, c.attention_bias.then_some(bs))
             };
-            let o_w = loader.take(&format!("{p}.self_attn.o_proj.weight"), &[h, q_out])?;
+            let o_w = loader.take_stored(&format!("{p}.self_attn.o_proj.weight"), &[h, q_out])?;
             let o_b = if c.o_proj_bias {
                 Some(take_vec(
                     &loader,
@@ -138,14 +167,14 @@ impl<B: ModelBackend> Model<B> {
             };
             let gate_up_w = if c.family == Family::Phi3 {
                 // Phi-3 stores gate first, then up: the fused layout kvb uses anyway.
-                vec![loader.take(&format!("{p}.mlp.gate_up_proj.weight"), &[2 * inter, h])?]
+                vec![loader.take_stored(&format!("{p}.mlp.gate_up_proj.weight"), &[2 * inter, h])?]
             } else {
                 vec![
-                    loader.take(&format!("{p}.mlp.gate_proj.weight"), &[inter, h])?,
-                    loader.take(&format!("{p}.mlp.up_proj.weight"), &[inter, h])?,
+                    loader.take_stored(&format!("{p}.mlp.gate_proj.weight"), &[inter, h])?,
+                    loader.take_stored(&format!("{p}.mlp.up_proj.weight"), &[inter, h])?,
                 ]
             };
-            let down_w = loader.take(&format!("{p}.mlp.down_proj.weight"), &[h, inter])?;
+            let down_w = loader.take_stored(&format!("{p}.mlp.down_proj.weight"), &[h, inter])?;
             if c.mlp_bias {
                 return Err(ModelError::Unsupported(
                     "MLP biases (mlp_bias = true)".into(),
@@ -153,11 +182,11 @@ impl<B: ModelBackend> Model<B> {
             }
             blocks.push(Block {
                 attn_norm: norm("input_layernorm")?,
-                qkv: Linear::from_torch(&qkv_w, qkv_b, device),
-                o: Linear::from_torch(&[o_w], o_b, device),
+                qkv: linear(qkv_w, qkv_b)?,
+                o: linear(vec![o_w], o_b)?,
                 mlp_norm: norm("post_attention_layernorm")?,
-                gate_up: Linear::from_torch(&gate_up_w, None, device),
-                down: Linear::from_torch(&[down_w], None, device),
+                gate_up: linear(gate_up_w, None)?,
+                down: linear(vec![down_w], None)?,
             });
             progress(i + 2, total);
         }
@@ -176,6 +205,7 @@ impl<B: ModelBackend> Model<B> {
             blocks,
             norm,
             lm_head,
+            precision,
             device: device.clone(),
         })
     }
@@ -188,6 +218,31 @@ impl<B: ModelBackend> Model<B> {
     /// The model's RoPE (to re-rotate cached keys).
     pub fn rope(&self) -> &Rope {
         &self.rope
+    }
+
+    /// The precision the weights were loaded in.
+    pub fn weight_precision(&self) -> WeightPrecision {
+        self.precision
+    }
+
+    /// Bytes the weights hold (projections and embedding; an embedding shared with the LM head
+    /// counted once).
+    pub fn weight_bytes(&self) -> usize {
+        let blocks: usize = self
+            .blocks
+            .iter()
+            .map(|b| {
+                b.qkv.weight_bytes()
+                    + b.o.weight_bytes()
+                    + b.gate_up.weight_bytes()
+                    + b.down.weight_bytes()
+            })
+            .sum();
+        let head = match (&self.embed, self.config.tie_word_embeddings) {
+            (Embedding::Packed(_), true) => 0,
+            _ => self.lm_head.weight_bytes(),
+        };
+        blocks + self.embed.bytes() + head
     }
 
     /// The device the weights live on.
@@ -367,10 +422,7 @@ impl<B: ModelBackend> Model<B> {
 
     /// `[n, hidden]` embeddings of `tokens` (scaled for Gemma).
     fn embed(&self, tokens: &[u32]) -> Tensor<B, 2> {
-        let n = tokens.len();
-        let ids: Vec<i64> = tokens.iter().map(|&t| t as i64).collect();
-        let ids = Tensor::<B, 1, Int>::from_data(TensorData::new(ids, [n]), &self.device);
-        let x = self.embed.clone().select(0, ids);
+        let x = self.embed.lookup(tokens, &self.device);
         match self.config.embedding_scale() {
             Some(scale) => x * scale,
             None => x,

@@ -1,6 +1,6 @@
 //! Takes tensors from a source by name, checking shapes and remembering what was used.
 
-use super::{HostTensor, TensorSource};
+use super::{HostTensor, StoredTensor, TensorSource};
 use crate::error::{ModelError, Result};
 use std::cell::RefCell;
 use std::collections::BTreeSet;
@@ -33,6 +33,22 @@ impl<'a> WeightLoader<'a> {
 
     /// Reads `name`, which must have exactly `shape`.
     pub fn take(&self, name: &str, shape: &[usize]) -> Result<HostTensor> {
+        self.check_shape(name, shape)?;
+        let t = self.source.read(name)?;
+        self.taken.borrow_mut().insert(name.to_string());
+        Ok(t)
+    }
+
+    /// Reads `name`, which must have exactly `shape`, as the source stores it (see
+    /// [`TensorSource::read_stored`]).
+    pub fn take_stored(&self, name: &str, shape: &[usize]) -> Result<StoredTensor> {
+        self.check_shape(name, shape)?;
+        let t = self.source.read_stored(name)?;
+        self.taken.borrow_mut().insert(name.to_string());
+        Ok(t)
+    }
+
+    fn check_shape(&self, name: &str, shape: &[usize]) -> Result<()> {
         let found = self
             .source
             .shape(name)
@@ -42,9 +58,7 @@ impl<'a> WeightLoader<'a> {
                 "tensor `{name}` has shape {found:?}, expected {shape:?}"
             )));
         }
-        let t = self.source.read(name)?;
-        self.taken.borrow_mut().insert(name.to_string());
-        Ok(t)
+        Ok(())
     }
 
     /// Reads `name` if present (optional biases).

@@ -1,7 +1,8 @@
 //! Where weights come from: safetensors folders and GGUF files, behind one trait.
 //!
-//! Every source hands out tensors by their HuggingFace name, in the HF layout, as f32 on the host;
-//! the model builder converts them to the backend's float type. [`WeightLoader`] keeps count of what
+//! Every source hands out tensors by their HuggingFace name, in the HF layout, as f32 on the host
+//! (or, from GGUF, as quantized blocks the model can keep packed); the model builder converts them
+//! to the backend's float type. [`WeightLoader`] keeps count of what
 //! was taken so that a checkpoint with a missing, misshapen or unused tensor is an error naming it.
 
 mod loader;
@@ -11,6 +12,7 @@ pub use loader::WeightLoader;
 pub use safetensors_dir::SafetensorsDir;
 
 use crate::error::Result;
+use crate::packed::BlockTensor;
 
 /// A tensor on the host: row-major f32 values and their shape.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,4 +31,31 @@ pub trait TensorSource {
     fn shape(&self, name: &str) -> Option<Vec<usize>>;
     /// Reads `name` and converts it to f32.
     fn read(&self, name: &str) -> Result<HostTensor>;
+    /// Reads `name` as stored where the model can keep it so (a GGUF's quantized blocks), else
+    /// as f32.
+    fn read_stored(&self, name: &str) -> Result<StoredTensor> {
+        self.read(name).map(StoredTensor::F32)
+    }
+}
+
+/// A tensor as a source hands it out: f32 values, or quantized blocks kept as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StoredTensor {
+    /// Values in f32.
+    F32(HostTensor),
+    /// A GGUF's blocks (see [`crate::packed`]).
+    Blocks(BlockTensor),
+}
+
+impl StoredTensor {
+    /// The values as f32, whatever the storage.
+    pub fn into_f32(self) -> HostTensor {
+        match self {
+            StoredTensor::F32(t) => t,
+            StoredTensor::Blocks(b) => HostTensor {
+                shape: vec![b.rows, b.cols],
+                data: b.to_f32(),
+            },
+        }
+    }
 }

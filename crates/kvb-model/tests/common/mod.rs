@@ -145,6 +145,78 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
 
 /// Serialises a GGUF file: `tensors` are (gguf name, PyTorch shape, f32 data).
 pub fn gguf_bytes(meta: &[Meta], tensors: &[(String, Vec<usize>, Vec<f32>)]) -> Vec<u8> {
+    gguf_bytes_as(meta, tensors, GgufStorage::F32)
+}
+
+/// How [`gguf_bytes_as`] stores 2-d tensors whose rows are whole blocks of 32 (others: F32).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum GgufStorage {
+    F32,
+    Q4_0,
+    Q4_1,
+    Q8_0,
+}
+
+impl GgufStorage {
+    /// ggml type id and the bytes of `data`'s rows in that type.
+    fn encode(self, shape: &[usize], data: &[f32]) -> (u32, Vec<u8>) {
+        let blockwise = shape.len() == 2 && shape[1] % 32 == 0;
+        if self == GgufStorage::F32 || !blockwise {
+            return (0, data.iter().flat_map(|v| v.to_le_bytes()).collect());
+        }
+        let f16 = |v: f32| half::f16::from_f32(v).to_le_bytes();
+        let mut out = Vec::new();
+        for b in data.chunks_exact(32) {
+            match self {
+                GgufStorage::Q8_0 => {
+                    let d = b.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
+                    let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+                    out.extend(f16(d));
+                    out.extend(b.iter().map(|v| (v * inv).round() as i8 as u8));
+                }
+                GgufStorage::Q4_0 => {
+                    // llama.cpp: the value of largest magnitude maps to -8.
+                    let max = b
+                        .iter()
+                        .fold(0f32, |a, &v| if v.abs() > a.abs() { v } else { a });
+                    let d = max / -8.0;
+                    let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
+                    let q = |v: f32| ((v * inv + 8.5) as i32).clamp(0, 15) as u8;
+                    out.extend(f16(d));
+                    out.extend((0..16).map(|i| q(b[i]) | (q(b[i + 16]) << 4)));
+                }
+                GgufStorage::Q4_1 => {
+                    let min = b.iter().fold(f32::MAX, |a, &v| a.min(v));
+                    let max = b.iter().fold(f32::MIN, |a, &v| a.max(v));
+                    let d = (max - min) / 15.0;
+                    let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+                    let q = |v: f32| (((v - min) * inv).round() as i32).clamp(0, 15) as u8;
+                    out.extend(f16(d));
+                    out.extend(f16(min));
+                    out.extend((0..16).map(|i| q(b[i]) | (q(b[i + 16]) << 4)));
+                }
+                GgufStorage::F32 => unreachable!(),
+            }
+        }
+        let id = match self {
+            GgufStorage::Q4_0 => 2,
+            GgufStorage::Q4_1 => 3,
+            _ => 8,
+        };
+        (id, out)
+    }
+}
+
+/// [`gguf_bytes`] with 2-d tensors stored as `storage`.
+pub fn gguf_bytes_as(
+    meta: &[Meta],
+    tensors: &[(String, Vec<usize>, Vec<f32>)],
+    storage: GgufStorage,
+) -> Vec<u8> {
+    let encoded: Vec<(u32, Vec<u8>)> = tensors
+        .iter()
+        .map(|(_, shape, data)| storage.encode(shape, data))
+        .collect();
     let mut out = Vec::new();
     out.extend(b"GGUF");
     out.extend(3u32.to_le_bytes());
@@ -188,22 +260,22 @@ pub fn gguf_bytes(meta: &[Meta], tensors: &[(String, Vec<usize>, Vec<f32>)]) -> 
         }
     }
     let mut offset = 0u64;
-    for (name, shape, data) in tensors {
+    for ((name, shape, _), (ty, bytes)) in tensors.iter().zip(&encoded) {
         put_str(&mut out, name);
         out.extend((shape.len() as u32).to_le_bytes());
         for d in shape.iter().rev() {
             out.extend((*d as u64).to_le_bytes());
         }
-        out.extend(0u32.to_le_bytes()); // F32
+        out.extend(ty.to_le_bytes());
         out.extend(offset.to_le_bytes());
-        offset += (data.len() * 4).div_ceil(32) as u64 * 32;
+        offset += bytes.len().div_ceil(32) as u64 * 32;
     }
     while out.len() % 32 != 0 {
         out.push(0);
     }
-    for (_, _, data) in tensors {
+    for (_, bytes) in &encoded {
         let start = out.len();
-        out.extend(data.iter().flat_map(|v| v.to_le_bytes()));
+        out.extend(bytes);
         while (out.len() - start) % 32 != 0 {
             out.push(0);
         }
@@ -257,6 +329,15 @@ pub fn llama_gguf(
     c: &kvb_model::ModelConfig,
     tensors: &[(String, Vec<usize>, Vec<f32>)],
 ) -> Vec<u8> {
+    llama_gguf_as(c, tensors, GgufStorage::F32)
+}
+
+/// [`llama_gguf`] with 2-d tensors stored as `storage`.
+pub fn llama_gguf_as(
+    c: &kvb_model::ModelConfig,
+    tensors: &[(String, Vec<usize>, Vec<f32>)],
+    storage: GgufStorage,
+) -> Vec<u8> {
     let converted: Vec<(String, Vec<usize>, Vec<f32>)> = tensors
         .iter()
         .map(|(n, s, d)| {
@@ -285,5 +366,5 @@ pub fn llama_gguf(
         ),
         Meta::U32("tokenizer.ggml.eos_token_id", 1),
     ];
-    gguf_bytes(&meta, &converted)
+    gguf_bytes_as(&meta, &converted, storage)
 }

@@ -36,8 +36,7 @@ fn run_on<B: ModelBackend>(
     device: &B::Device,
 ) -> anyhow::Result<()> {
     probe_device::<B>(device, args.model.backend)?;
-    let engine =
-        model_arg::load_engine::<B>(path, args.engine.config(!args.model.no_strict), device)?;
+    let engine = model_arg::load_engine::<B>(path, args.engine.config(&args.model), device)?;
     let mut messages: Vec<ChatMessage> = args
         .system
         .iter()

@@ -71,7 +71,7 @@ pub struct EngineArgs {
 
 impl EngineArgs {
     /// The engine configuration these flags describe.
-    pub fn config(&self, strict: bool) -> EngineConfig {
+    pub fn config(&self, model: &super::generate::ModelArgs) -> EngineConfig {
         EngineConfig {
             max_cache_bytes: self.max_cache_bytes,
             max_pool_bytes: self.max_pool_bytes,
@@ -87,7 +87,8 @@ impl EngineArgs {
             disk_dir: self.disk_dir.clone(),
             boundary_window: self.boundary_window,
             sink_tokens: self.sink_tokens,
-            strict,
+            strict: !model.no_strict,
+            weights: model.weights,
             keep_resident: !self.no_resident,
             reuse_repaired: !self.no_reuse_repaired,
             ..defaults()

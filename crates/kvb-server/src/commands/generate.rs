@@ -8,7 +8,7 @@ use clap::Args;
 use kvb_engine::{GenerateOptions, GenerationResult};
 use kvb_model::backends::BackendKind;
 use kvb_model::generate::SamplingParams;
-use kvb_model::{ChatMessage, ModelBackend};
+use kvb_model::{ChatMessage, ModelBackend, WeightPrecision};
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -65,6 +65,11 @@ pub struct ModelArgs {
     /// Try unknown architectures as Llama-layout models.
     #[arg(long)]
     pub no_strict: bool,
+    /// Precision of the weights in memory: auto (as stored: a GGUF's Q4_0/Q4_1/Q8_0 stay
+    /// quantized, with the outputs of their f32 expansion), f32, or q8_0 (quantizes f32/16-bit
+    /// weights to 8 bits; lossy).
+    #[arg(long, default_value_t = WeightPrecision::Auto)]
+    pub weights: WeightPrecision,
 }
 
 /// Arguments of `kvb generate`.
@@ -115,8 +120,7 @@ fn run_on<B: ModelBackend>(
     device: &B::Device,
 ) -> anyhow::Result<()> {
     probe_device::<B>(device, args.model.backend)?;
-    let engine =
-        model_arg::load_engine::<B>(path, args.engine.config(!args.model.no_strict), device)?;
+    let engine = model_arg::load_engine::<B>(path, args.engine.config(&args.model), device)?;
     let prompt = if args.chat {
         let mut messages = Vec::new();
         if let Some(system) = &args.system {

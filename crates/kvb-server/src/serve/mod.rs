@@ -39,7 +39,8 @@ pub struct ServeArgs {
     /// Port to listen on (0: any free port; the one taken is printed).
     #[arg(long, default_value_t = 8000)]
     port: u16,
-    /// The name requests use in `model` (default: the model folder's or file's name).
+    /// The name requests use in `model` (default: the model folder's or file's name; for the
+    /// embedded model, `SmolLM2-135M-Instruct`).
     #[arg(long)]
     served_model_name: Option<String>,
     /// Require `Authorization: Bearer KEY` on /v1/* (also read from KVB_API_KEY).
@@ -99,10 +100,14 @@ fn run_on<B: ModelBackend>(
     probe_device::<B>(device, args.model.backend)?;
     let engine: Arc<dyn ServedEngine> = Arc::new(model_arg::load_engine::<B>(
         path,
-        args.engine.config(!args.model.no_strict),
+        args.engine.config(&args.model),
         device,
     )?);
     let model_name = args.served_model_name.clone().unwrap_or_else(|| {
+        if args.model.model.is_none() {
+            // The embedded model by its model name, not its file's (`...Instruct.Q4_1`).
+            return kvb_model::fetch::HF_DIR_NAME.to_string();
+        }
         path.file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "kvb".into())

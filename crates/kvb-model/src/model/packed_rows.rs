@@ -1,0 +1,205 @@
+//! Products of a few rows (a decode step: 1 to 4) by a packed weight, dequantizing in
+//! registers: each weight is loaded once at its stored size, widened, converted and scaled in
+//! a vector register, and multiplied into every row's accumulators, never written back out as
+//! f32. (The general path, [`super::few_rows::matmul_by_columns`], expands a task's columns into
+//! a scratch first: measured on a SmolLM2 decode step, that round trip took 70% of the step.)
+//!
+//! **The same bits as the f32 kernels.** Per output column the reduction runs in row order,
+//! summed from zero in blocks of [`KC`] rows, the block sums added to the output in order:
+//! exactly [`super::few_rows`]'s (and matrixmultiply's) sums over the same f32 values
+//! (`cpu_ops::tests::packed_products_equal_the_f32_products_bit_for_bit`).
+
+use super::few_rows::{in_column_ranges, KC};
+use crate::packed::{CellValues, PackedMatrix, CELL_ROWS, GROUP, HEAD_BYTES};
+
+/// At most this many rows take the fused kernel.
+pub const MAX_ROWS: usize = 4;
+
+/// `y [m, n] = x [m, k] · w`, or `None` where the CPU lacks AVX2 and FMA or `m` is above
+/// [`MAX_ROWS`] (the caller then takes the general path).
+pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix) -> Option<Vec<f32>> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let fits = (1..=MAX_ROWS).contains(&m) && KC % CELL_ROWS == 0 && x.len() >= m * w.k();
+        if !fits
+            || !std::arch::is_x86_feature_detected!("avx2")
+            || !std::arch::is_x86_feature_detected!("fma")
+        {
+            return None;
+        }
+        let groups = w.n().div_ceil(GROUP);
+        // Several tasks per thread so that uneven cores even out, whole groups each.
+        let tasks = 4 * rayon::current_num_threads();
+        let per_task = groups.div_ceil(tasks).max(1);
+        Some(in_column_ranges(
+            m,
+            w.n(),
+            per_task * GROUP,
+            |j0, cols, tile| {
+                // SAFETY: AVX2 and FMA are present (checked above); `x` holds m rows of k; the
+                // tile holds m rows of `cols` (see `avx2::columns`).
+                unsafe { avx2::columns(x, m, w, j0, cols, tile) }
+            },
+        ))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (x, m, w);
+        None
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    /// Columns `j0..j0 + cols` (`j0` a multiple of 8) of `y` into `tile` (`[m, cols]`), groups of
+    /// columns 4 or 2 at a time (independent accumulator chains), the last ones one at a time.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn columns(
+        x: &[f32],
+        m: usize,
+        w: &PackedMatrix,
+        j0: usize,
+        cols: usize,
+        tile: &mut [f32],
+    ) {
+        let (g0, g1) = (j0 / GROUP, (j0 + cols).div_ceil(GROUP));
+        let mut g = g0;
+        while g < g1 {
+            let left = g1 - g;
+            let run = match (m, left) {
+                (1 | 2, 4..) => 4,
+                (_, 2..) => 2,
+                _ => 1,
+            };
+            // Accumulate into a full-width scratch row per group set, then copy the lanes that
+            // exist (the last group of an odd width is padded).
+            let mut out = [0f32; MAX_ROWS * 4 * GROUP];
+            let args = Args {
+                x: x.as_ptr(),
+                k: w.k(),
+                values: w.cell_values(),
+                cells: [0, 1, 2, 3].map(|i| w.group_cells((g + i).min(g1 - 1)).as_ptr()),
+                out: out.as_mut_ptr(),
+                stride: run * GROUP,
+            };
+            match (m, run) {
+                (1, 4) => run_groups::<1, 4>(&args),
+                (2, 4) => run_groups::<2, 4>(&args),
+                (1, 2) => run_groups::<1, 2>(&args),
+                (2, 2) => run_groups::<2, 2>(&args),
+                (3, 2) => run_groups::<3, 2>(&args),
+                (4, 2) => run_groups::<4, 2>(&args),
+                (1, _) => run_groups::<1, 1>(&args),
+                (2, _) => run_groups::<2, 1>(&args),
+                (3, _) => run_groups::<3, 1>(&args),
+                _ => run_groups::<4, 1>(&args),
+            }
+            let first = (g - g0) * GROUP;
+            let width = (run * GROUP).min(cols - first);
+            for r in 0..m {
+                tile[r * cols + first..r * cols + first + width]
+                    .copy_from_slice(&out[r * run * GROUP..r * run * GROUP + width]);
+            }
+            g += run;
+        }
+    }
+
+    /// What [`run_groups`] reads and writes.
+    struct Args {
+        x: *const f32,
+        k: usize,
+        values: CellValues,
+        /// The first cell of each group of the set (only the first `G` are read).
+        cells: [*const u8; 4],
+        /// `[R, stride]`: row r's group i at `out + r * stride + 8 i`.
+        out: *mut f32,
+        stride: usize,
+    }
+
+    /// Rows `0..R` of x against `G` groups: per reduction row, each group's 8 weights are
+    /// widened, converted and scaled once and multiplied into the R rows' accumulators.
+    #[inline(always)]
+    unsafe fn run_groups<const R: usize, const G: usize>(a: &Args) {
+        let cell_bytes = a.values.cell_bytes();
+        let cells = a.k / CELL_ROWS;
+        let per_block = KC / CELL_ROWS;
+        let mut acc = [[_mm256_setzero_ps(); G]; R];
+        let low = _mm256_set1_epi32(0x0f);
+        for c in 0..cells {
+            let head: [*const u8; G] = std::array::from_fn(|i| a.cells[i].add(c * cell_bytes));
+            let scale: [__m256; G] =
+                std::array::from_fn(|i| _mm256_loadu_ps(head[i] as *const f32));
+            let offset: [__m256; G] =
+                std::array::from_fn(|i| _mm256_loadu_ps(head[i].add(GROUP * 4) as *const f32));
+            let xrow =
+                |r: usize, i: usize| _mm256_broadcast_ss(&*a.x.add(r * a.k + c * CELL_ROWS + i));
+            match a.values {
+                CellValues::Nibbles => {
+                    for p in 0..CELL_ROWS / 2 {
+                        let bytes: [__m256i; G] = std::array::from_fn(|i| {
+                            _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                                head[i].add(HEAD_BYTES + p * GROUP) as *const _,
+                            ))
+                        });
+                        let lo: [__m256; G] = std::array::from_fn(|i| {
+                            let q = _mm256_cvtepi32_ps(_mm256_and_si256(bytes[i], low));
+                            _mm256_fmadd_ps(scale[i], q, offset[i])
+                        });
+                        for (r, row) in acc.iter_mut().enumerate() {
+                            let xv = xrow(r, 2 * p);
+                            for (a, w) in row.iter_mut().zip(&lo) {
+                                *a = _mm256_fmadd_ps(xv, *w, *a);
+                            }
+                        }
+                        let hi: [__m256; G] = std::array::from_fn(|i| {
+                            let q = _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes[i], 4));
+                            _mm256_fmadd_ps(scale[i], q, offset[i])
+                        });
+                        for (r, row) in acc.iter_mut().enumerate() {
+                            let xv = xrow(r, 2 * p + 1);
+                            for (a, w) in row.iter_mut().zip(&hi) {
+                                *a = _mm256_fmadd_ps(xv, *w, *a);
+                            }
+                        }
+                    }
+                }
+                CellValues::Bytes => {
+                    for p in 0..CELL_ROWS {
+                        let wv: [__m256; G] = std::array::from_fn(|i| {
+                            let q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                                head[i].add(HEAD_BYTES + p * GROUP) as *const _,
+                            ));
+                            _mm256_fmadd_ps(scale[i], _mm256_cvtepi32_ps(q), offset[i])
+                        });
+                        for (r, row) in acc.iter_mut().enumerate() {
+                            let xv = xrow(r, p);
+                            for (a, w) in row.iter_mut().zip(&wv) {
+                                *a = _mm256_fmadd_ps(xv, *w, *a);
+                            }
+                        }
+                    }
+                }
+            }
+            // The end of a KC block (or of the reduction): out = block sum for the first block,
+            // out += block sum after it, as the f32 kernels do.
+            if (c + 1) % per_block == 0 || c + 1 == cells {
+                let first = c < per_block;
+                for (r, row) in acc.iter_mut().enumerate() {
+                    for (i, v) in row.iter_mut().enumerate() {
+                        let o = a.out.add(r * a.stride + i * GROUP);
+                        let sum = if first {
+                            *v
+                        } else {
+                            _mm256_add_ps(_mm256_loadu_ps(o), *v)
+                        };
+                        _mm256_storeu_ps(o, sum);
+                        *v = _mm256_setzero_ps();
+                    }
+                }
+            }
+        }
+    }
+}

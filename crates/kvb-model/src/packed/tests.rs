@@ -1,0 +1,133 @@
+use super::*;
+use proptest::prelude::*;
+
+/// Random stored blocks of `ggml_type` for a `[rows, cols]` tensor, scales of either sign.
+fn blocks(ggml_type: GgmlType, rows: usize, cols: usize, seed: u64) -> BlockTensor {
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let mut next = move || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (state >> 33) as u32
+    };
+    let (_, block_bytes) = ggml_type.block();
+    let mut bytes = Vec::new();
+    for _ in 0..rows * cols / CELL_ROWS {
+        let scale = (next() % 2000) as f32 / 1000.0 - 1.0;
+        let start = bytes.len();
+        bytes.extend(half::f16::from_f32(scale * 0.05).to_le_bytes());
+        if ggml_type == GgmlType::Q4_1 {
+            bytes.extend(half::f16::from_f32(scale * -0.3).to_le_bytes());
+        }
+        while bytes.len() - start < block_bytes {
+            bytes.push(next() as u8);
+        }
+    }
+    BlockTensor {
+        ggml_type,
+        rows,
+        cols,
+        bytes,
+    }
+}
+
+fn any_type() -> impl Strategy<Value = GgmlType> {
+    prop_oneof![
+        Just(GgmlType::Q4_0),
+        Just(GgmlType::Q4_1),
+        Just(GgmlType::Q8_0)
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    /// Packing keeps every value: the dense expansion of a packed stack of tensors is the
+    /// transpose of each part's GGUF expansion, one after the other (equal as numbers; a Q4_0
+    /// zero may change sign, which no sum starting from +0 can see), and so is each column.
+    #[test]
+    fn dequantized_values_equal_the_gguf_expansion(
+        parts in proptest::collection::vec((any_type(), 1usize..21), 1..4),
+        blocks_per_row in 1usize..5,
+        seed in 0u64..1000,
+    ) {
+        let cols = blocks_per_row * CELL_ROWS;
+        let tensors: Vec<BlockTensor> = parts
+            .iter()
+            .enumerate()
+            .map(|(i, &(t, rows))| blocks(t, rows, cols, seed + i as u64))
+            .collect();
+        let packed = PackedMatrix::from_blocks(&tensors).unwrap();
+        let n: usize = parts.iter().map(|p| p.1).sum();
+        prop_assert_eq!((packed.k(), packed.n()), (cols, n));
+        let dense = packed.to_dense();
+        let mut j = 0;
+        for t in &tensors {
+            let want = t.to_f32();
+            for r in 0..t.rows {
+                for i in 0..cols {
+                    prop_assert_eq!(dense[i * n + j], want[r * cols + i], "column {} row {}", j, i);
+                }
+                prop_assert_eq!(&packed.column(j)[..], &want[r * cols..(r + 1) * cols]);
+                j += 1;
+            }
+        }
+    }
+
+    /// A window of columns and cells, written with any row stride, holds the same values as the
+    /// whole expansion.
+    #[test]
+    fn a_window_equals_the_same_part_of_the_whole(
+        t in any_type(), rows in 1usize..40, blocks_per_row in 1usize..4,
+        g0 in 0usize..5, width in 1usize..30, c0 in 0usize..3, extra in 0usize..9, seed in 0u64..100,
+    ) {
+        let cols = blocks_per_row * CELL_ROWS;
+        let packed = PackedMatrix::from_blocks(&[blocks(t, rows, cols, seed)]).unwrap();
+        let j0 = (g0 * GROUP).min((rows - 1) / GROUP * GROUP);
+        let width = width.min(rows - j0);
+        let (c0, c1) = (c0.min(blocks_per_row - 1), blocks_per_row);
+        let stride = width.div_ceil(GROUP) * GROUP + extra;
+        let mut out = vec![f32::NAN; (c1 - c0) * CELL_ROWS * stride];
+        packed.dequantize_into((c0, c1), (j0, width), &mut out, stride);
+        let dense = packed.to_dense();
+        for i in 0..(c1 - c0) * CELL_ROWS {
+            for c in 0..width {
+                prop_assert_eq!(out[i * stride + c], dense[(c0 * CELL_ROWS + i) * rows + j0 + c]);
+            }
+        }
+    }
+
+    /// Quantizing f32 weights to q8_0 errs by at most half a step of each block's scale.
+    #[test]
+    fn q8_0_quantization_errs_by_at_most_half_a_step(rows in 1usize..12, blocks_per_row in 1usize..4, seed in 0u32..1000) {
+        let cols = blocks_per_row * CELL_ROWS;
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 2001) as f32 - 1000.0) / 300.0)
+            .collect();
+        let packed = PackedMatrix::quantize_q8_0(&[(&w, rows)], cols).unwrap();
+        for r in 0..rows {
+            let got = packed.column(r);
+            for (b, block) in w[r * cols..(r + 1) * cols].chunks(CELL_ROWS).enumerate() {
+                let step = block.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
+                for (i, &v) in block.iter().enumerate() {
+                    let e = (got[b * CELL_ROWS + i] - v).abs();
+                    prop_assert!(e <= step * 0.5 + 1e-6, "{} vs {}", got[b * CELL_ROWS + i], v);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn unpackable_tensors_are_errors_naming_the_problem() {
+    let mut odd = blocks(GgmlType::Q4_1, 2, 64, 1);
+    odd.bytes.pop();
+    let err = PackedMatrix::from_blocks(&[odd]).unwrap_err().to_string();
+    assert!(err.contains("q4_1"), "{err}");
+    let a = blocks(GgmlType::Q8_0, 2, 64, 1);
+    let b = blocks(GgmlType::Q8_0, 2, 32, 1);
+    assert!(PackedMatrix::from_blocks(&[a, b]).is_err());
+    assert!(PackedMatrix::from_blocks(&[]).is_err());
+    assert!(PackedMatrix::quantize_q8_0(&[(&[0.0; 20], 1)], 20).is_err());
+}
