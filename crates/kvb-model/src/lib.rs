@@ -9,8 +9,8 @@
 //! |---|---|
 //! | configs (Llama, Qwen2, Mistral, Gemma, Phi-3) and the compatibility check | [`config`] |
 //! | weights from safetensors (single or sharded; f32/f16/bf16) | [`weights`] |
-//! | weights, config and tokenizer from GGUF (F32/F16/BF16/Q8_0/Q4_0/Q4_1) | [`gguf`] |
-//! | weights kept packed in their stored precision (Q4_0/Q4_1/Q8_0), `--weights` | [`packed`], [`WeightPrecision`] |
+//! | weights, config and tokenizer from GGUF (F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K) | [`gguf`] |
+//! | weights kept packed in their stored precision (every GGUF quantized type), `--weights` | [`packed`], [`WeightPrecision`] |
 //! | tokenizer and chat templates | [`tokenizer`] |
 //! | RoPE at arbitrary positions, re-rotation of cached keys | [`rope`] |
 //! | the transformer and its forward pass over ragged batches | [`model`] |

@@ -124,3 +124,46 @@ fn weight_precisions_parse_and_unknown_ones_are_errors() {
     let err = "q3_k".parse::<WeightPrecision>().unwrap_err();
     assert!(err.contains("q3_k") && err.contains("auto"), "{err}");
 }
+
+/// K-quant GGUFs (Q4_K, Q5_K, Q6_K, whose rows are 256-weight blocks) kept packed compute what
+/// their f32 expansion computes, as the 32-weight formats do.
+#[test]
+fn packed_k_quant_weights_give_the_f32_expansions_outputs_bit_for_bit() {
+    let json = r#"{"architectures":["LlamaForCausalLM"],"hidden_size":256,"intermediate_size":512,
+        "num_hidden_layers":1,"num_attention_heads":4,"num_key_value_heads":2,
+        "vocab_size":96,"max_position_embeddings":512,"rms_norm_eps":1e-5,"rope_theta":10000.0,
+        "tie_word_embeddings":true,"eos_token_id":1}"#;
+    let config = ModelConfig::from_json(json, true).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for storage in [
+        GgufStorage::RandomQ4K,
+        GgufStorage::RandomQ5K,
+        GgufStorage::RandomQ6K,
+    ] {
+        let path = dir.path().join(format!("{storage:?}.gguf"));
+        std::fs::write(
+            &path,
+            llama_gguf_as(&config, &random_weights(&config, 5), storage),
+        )
+        .unwrap();
+        let (a, b) = (
+            run(&load(&path, WeightPrecision::Auto)),
+            run(&load(&path, WeightPrecision::F32)),
+        );
+        assert!(
+            a.iter().all(|v| v.is_finite()),
+            "{storage:?}: finite logits"
+        );
+        let differing = a
+            .iter()
+            .zip(&b)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
+        assert_eq!(
+            differing,
+            0,
+            "{storage:?}: {differing} of {} logits differ",
+            a.len()
+        );
+    }
+}

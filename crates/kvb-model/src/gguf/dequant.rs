@@ -1,5 +1,6 @@
-//! Expanding ggml blocks to f32. Formats as defined by ggml: every block stores 32 weights.
+//! Expanding ggml tensors to f32: floats converted, quantized blocks read by [`super::blocks`].
 
+use super::blocks;
 use super::parse::GgmlType;
 use half::{bf16, f16};
 
@@ -23,28 +24,13 @@ pub fn dequantize(ggml_type: GgmlType, bytes: &[u8]) -> Vec<f32> {
                 .chunks_exact(2)
                 .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()),
         ),
-        // Low nibbles hold weights 0..16 of the block, high nibbles weights 16..32.
-        GgmlType::Q4_0 => {
+        _ => {
+            // Quantized blocks: q * scale + offset per weight (see `blocks`).
+            let mut coded = Vec::with_capacity(per_block);
             for block in bytes.chunks_exact(block_bytes) {
-                let d = f16_at(block, 0);
-                let qs = &block[2..18];
-                out.extend(qs.iter().map(|q| ((q & 0x0f) as i32 - 8) as f32 * d));
-                out.extend(qs.iter().map(|q| ((q >> 4) as i32 - 8) as f32 * d));
-            }
-        }
-        GgmlType::Q4_1 => {
-            for block in bytes.chunks_exact(block_bytes) {
-                let d = f16_at(block, 0);
-                let m = f16_at(block, 2);
-                let qs = &block[4..20];
-                out.extend(qs.iter().map(|q| (q & 0x0f) as f32 * d + m));
-                out.extend(qs.iter().map(|q| (q >> 4) as f32 * d + m));
-            }
-        }
-        GgmlType::Q8_0 => {
-            for block in bytes.chunks_exact(block_bytes) {
-                let d = f16_at(block, 0);
-                out.extend(block[2..34].iter().map(|&q| q as i8 as f32 * d));
+                coded.clear();
+                blocks::decode(ggml_type, block, &mut coded);
+                out.extend(coded.iter().map(|c| c.value()));
             }
         }
     }

@@ -1,6 +1,7 @@
 //! Reading a model straight from a `.gguf` file: config, weights (dequantized to f32, in the HF
 //! layout and naming) and tokenizer.
 
+pub mod blocks;
 mod dequant;
 mod hf_names;
 mod parse;
@@ -134,7 +135,7 @@ impl TensorSource for GgufModel {
         })
     }
 
-    /// A 2-d Q4_0, Q4_1 or Q8_0 tensor as its blocks (rows in the HF order), anything else as f32.
+    /// A 2-d quantized tensor as its blocks (rows in the HF order), anything else as f32.
     fn read_stored(&self, name: &str) -> Result<StoredTensor> {
         let (info, g) = self.info(name)?;
         if info.shape.len() != 2 || !BlockTensor::packable(info.ggml_type) {

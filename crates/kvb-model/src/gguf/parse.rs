@@ -71,6 +71,15 @@ pub enum GgmlType {
     Q4_1,
     /// 32 weights: f16 scale, 32 signed bytes.
     Q8_0,
+    /// 256 weights: f16 scale and min, 8 sub-blocks of 32 with 6-bit scales and mins, 4-bit values.
+    #[allow(non_camel_case_types)]
+    Q4_K,
+    /// As Q4_K with a fifth bit per value.
+    #[allow(non_camel_case_types)]
+    Q5_K,
+    /// 256 weights: 16 sub-blocks of 16 with int8 scales, 6-bit values offset by 32, f16 scale.
+    #[allow(non_camel_case_types)]
+    Q6_K,
 }
 
 impl GgmlType {
@@ -81,6 +90,9 @@ impl GgmlType {
             2 => GgmlType::Q4_0,
             3 => GgmlType::Q4_1,
             8 => GgmlType::Q8_0,
+            12 => GgmlType::Q4_K,
+            13 => GgmlType::Q5_K,
+            14 => GgmlType::Q6_K,
             30 => GgmlType::Bf16,
             _ => return None,
         })
@@ -94,6 +106,9 @@ impl GgmlType {
             GgmlType::Q4_0 => (32, 18),
             GgmlType::Q4_1 => (32, 20),
             GgmlType::Q8_0 => (32, 34),
+            GgmlType::Q4_K => (256, 144),
+            GgmlType::Q5_K => (256, 176),
+            GgmlType::Q6_K => (256, 210),
         }
     }
 }

@@ -3,7 +3,7 @@
 
 use super::backend_ops::{self, runs, HostKv, ModelBackend};
 use crate::config::Activation;
-use crate::packed::{PackedMatrix, CELL_ROWS, GROUP};
+use crate::packed::{PackedMatrix, GROUP};
 use crate::rope::RopeTables;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 use burn_ndarray::{NdArray, NdArrayTensor};
@@ -242,13 +242,13 @@ impl ModelBackend for NdArray<f32> {
         if xs != [m, k] || k != w.k() {
             return backend_ops::packed_linear_reference(x, w);
         }
-        let cells = k / CELL_ROWS;
+        let cells = k / w.cell_rows();
         let y = if m > FEW_ROWS_MAX {
             let mut dense = vec![0f32; k * n];
             if n % GROUP == 0 {
                 // Row bands of one cell each, in parallel.
                 dense
-                    .par_chunks_mut(CELL_ROWS * n)
+                    .par_chunks_mut(w.cell_rows() * n)
                     .enumerate()
                     .for_each(|(c, rows)| w.dequantize_into((c, c + 1), (0, n), rows, n));
             } else {
@@ -382,6 +382,7 @@ fn pool_write_generic(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::packed::CELL_ROWS;
     use proptest::prelude::*;
 
     proptest! {
@@ -410,23 +411,37 @@ mod tests {
         #[test]
         fn packed_products_equal_the_f32_products_bit_for_bit(
             m in prop_oneof![1usize..9, 30usize..40], blocks_per_row in 1usize..20, n in 1usize..200,
-            eight_bit in any::<bool>(), seed in 0u32..1000,
+            format in 0usize..3, seed in 0u32..1000,
         ) {
-            let k = blocks_per_row * CELL_ROWS;
+            use crate::gguf::GgmlType;
+            use crate::packed::BlockTensor;
+            // Q6_K rows are whole 256-weight blocks, read in 16-row cells.
+            let k = if format == 2 { blocks_per_row.div_ceil(8) * 256 } else { blocks_per_row * CELL_ROWS };
             let val = |i: usize| (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 2001) as f32 - 1000.0) / 700.0;
             let w: Vec<f32> = (0..n * k).map(|i| val(i + 7919)).collect();
-            let packed = if eight_bit {
-                PackedMatrix::quantize_q8_0(&[(&w, n)], k).unwrap()
-            } else {
-                // 4-bit values: a Q4_1 block per 32 weights of each output row.
-                let mut bytes = Vec::new();
-                for (b, block) in w.chunks(CELL_ROWS).enumerate() {
-                    bytes.extend(half::f16::from_f32(0.01 + (b % 7) as f32 * 0.003).to_le_bytes());
-                    bytes.extend(half::f16::from_f32(-0.1).to_le_bytes());
-                    bytes.extend((0..16).map(|i| ((block[i].to_bits() ^ block[i + 16].to_bits() << 4) & 0xff) as u8));
+            let byte = |i: usize| ((i as u32).wrapping_mul(2246822519).wrapping_add(seed) >> 13) as u8;
+            let packed = match format {
+                0 => PackedMatrix::quantize_q8_0(&[(&w, n)], k).unwrap(),
+                1 => {
+                    // 4-bit values: a Q4_1 block per 32 weights of each output row.
+                    let mut bytes = Vec::new();
+                    for b in 0..n * k / CELL_ROWS {
+                        bytes.extend(half::f16::from_f32(0.01 + (b % 7) as f32 * 0.003).to_le_bytes());
+                        bytes.extend(half::f16::from_f32(-0.1).to_le_bytes());
+                        bytes.extend((0..16).map(|i| byte(b * 16 + i)));
+                    }
+                    let t = BlockTensor { ggml_type: GgmlType::Q4_1, rows: n, cols: k, bytes };
+                    PackedMatrix::from_blocks(&[t]).unwrap()
                 }
-                let t = crate::packed::BlockTensor { ggml_type: crate::gguf::GgmlType::Q4_1, rows: n, cols: k, bytes };
-                PackedMatrix::from_blocks(&[t]).unwrap()
+                _ => {
+                    let mut bytes = Vec::new();
+                    for b in 0..n * k / 256 {
+                        bytes.extend((0..208).map(|i| byte(b * 208 + i)));
+                        bytes.extend(half::f16::from_f32(0.001 + (b % 5) as f32 * 0.0003).to_le_bytes());
+                    }
+                    let t = BlockTensor { ggml_type: GgmlType::Q6_K, rows: n, cols: k, bytes };
+                    PackedMatrix::from_blocks(&[t]).unwrap()
+                }
             };
             let x: Vec<f32> = (0..m * k).map(val).collect();
             let dev = Default::default();

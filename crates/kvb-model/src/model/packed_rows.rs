@@ -10,7 +10,7 @@
 //! (`cpu_ops::tests::packed_products_equal_the_f32_products_bit_for_bit`).
 
 use super::few_rows::{in_column_ranges, KC};
-use crate::packed::{CellValues, PackedMatrix, CELL_ROWS, GROUP, HEAD_BYTES};
+use crate::packed::{CellValues, PackedMatrix, GROUP, HEAD_BYTES};
 
 /// At most this many rows take the fused kernel.
 pub const MAX_ROWS: usize = 4;
@@ -20,7 +20,7 @@ pub const MAX_ROWS: usize = 4;
 pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix) -> Option<Vec<f32>> {
     #[cfg(target_arch = "x86_64")]
     {
-        let fits = (1..=MAX_ROWS).contains(&m) && KC % CELL_ROWS == 0 && x.len() >= m * w.k();
+        let fits = (1..=MAX_ROWS).contains(&m) && KC % w.cell_rows() == 0 && x.len() >= m * w.k();
         if !fits
             || !std::arch::is_x86_feature_detected!("avx2")
             || !std::arch::is_x86_feature_detected!("fma")
@@ -81,6 +81,7 @@ mod avx2 {
                 x: x.as_ptr(),
                 k: w.k(),
                 values: w.cell_values(),
+                cell_rows: w.cell_rows(),
                 cells: [0, 1, 2, 3].map(|i| w.group_cells((g + i).min(g1 - 1)).as_ptr()),
                 out: out.as_mut_ptr(),
                 stride: run * GROUP,
@@ -112,6 +113,7 @@ mod avx2 {
         x: *const f32,
         k: usize,
         values: CellValues,
+        cell_rows: usize,
         /// The first cell of each group of the set (only the first `G` are read).
         cells: [*const u8; 4],
         /// `[R, stride]`: row r's group i at `out + r * stride + 8 i`.
@@ -123,9 +125,10 @@ mod avx2 {
     /// widened, converted and scaled once and multiplied into the R rows' accumulators.
     #[inline(always)]
     unsafe fn run_groups<const R: usize, const G: usize>(a: &Args) {
-        let cell_bytes = a.values.cell_bytes();
-        let cells = a.k / CELL_ROWS;
-        let per_block = KC / CELL_ROWS;
+        let rows = a.cell_rows;
+        let cell_bytes = a.values.cell_bytes(rows);
+        let cells = a.k / rows;
+        let per_block = KC / rows;
         let mut acc = [[_mm256_setzero_ps(); G]; R];
         let low = _mm256_set1_epi32(0x0f);
         for c in 0..cells {
@@ -134,11 +137,10 @@ mod avx2 {
                 std::array::from_fn(|i| _mm256_loadu_ps(head[i] as *const f32));
             let offset: [__m256; G] =
                 std::array::from_fn(|i| _mm256_loadu_ps(head[i].add(GROUP * 4) as *const f32));
-            let xrow =
-                |r: usize, i: usize| _mm256_broadcast_ss(&*a.x.add(r * a.k + c * CELL_ROWS + i));
+            let xrow = |r: usize, i: usize| _mm256_broadcast_ss(&*a.x.add(r * a.k + c * rows + i));
             match a.values {
                 CellValues::Nibbles => {
-                    for p in 0..CELL_ROWS / 2 {
+                    for p in 0..rows / 2 {
                         let bytes: [__m256i; G] = std::array::from_fn(|i| {
                             _mm256_cvtepu8_epi32(_mm_loadl_epi64(
                                 head[i].add(HEAD_BYTES + p * GROUP) as *const _,
@@ -167,7 +169,7 @@ mod avx2 {
                     }
                 }
                 CellValues::Bytes => {
-                    for p in 0..CELL_ROWS {
+                    for p in 0..rows {
                         let wv: [__m256; G] = std::array::from_fn(|i| {
                             let q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(
                                 head[i].add(HEAD_BYTES + p * GROUP) as *const _,

@@ -11,7 +11,7 @@ use std::sync::Arc;
 /// The precision weights are held in (`--weights`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WeightPrecision {
-    /// As stored: a GGUF's Q4_0, Q4_1 and Q8_0 tensors stay quantized (the same values as their
+    /// As stored: a GGUF's quantized tensors (Q4_0 to Q6_K) stay quantized (the same values as their
     /// f32 expansion, so the same outputs), everything else becomes f32.
     #[default]
     Auto,

@@ -2,13 +2,19 @@
 //! at run time), a portable loop elsewhere. Both compute `scale * q + offset` with the product
 //! exact, so they agree bit for bit (see the parent module).
 
-use super::{CellValues, CELL_ROWS, GROUP, HEAD_BYTES};
+use super::{CellValues, GROUP, HEAD_BYTES};
 
-/// Writes the 8 columns of `cells` (consecutive cells of one group) into `out`: reduction row
-/// `i` of the run at `out[i * stride..i * stride + 8]`.
-pub(super) fn group(values: CellValues, cells: &[u8], out: &mut [f32], stride: usize) {
-    let cell_bytes = values.cell_bytes();
-    let rows = cells.len() / cell_bytes * CELL_ROWS;
+/// Writes the 8 columns of `cells` (consecutive cells of `cell_rows` rows, of one group) into
+/// `out`: reduction row `i` of the run at `out[i * stride..i * stride + 8]`.
+pub(super) fn group(
+    values: CellValues,
+    cell_rows: usize,
+    cells: &[u8],
+    out: &mut [f32],
+    stride: usize,
+) {
+    let cell_bytes = values.cell_bytes(cell_rows);
+    let rows = cells.len() / cell_bytes * cell_rows;
     assert!(
         rows == 0 || out.len() >= (rows - 1) * stride + GROUP,
         "dequant::group: output too short"
@@ -19,27 +25,29 @@ pub(super) fn group(values: CellValues, cells: &[u8], out: &mut [f32], stride: u
         // (chunks_exact) and `out` holds `rows` rows of `stride` with 8 lanes each (asserted).
         unsafe {
             for (c, cell) in cells.chunks_exact(cell_bytes).enumerate() {
-                avx2::cell(
-                    values,
-                    cell,
-                    out.as_mut_ptr().add(c * CELL_ROWS * stride),
-                    stride,
-                );
+                let at = out.as_mut_ptr().add(c * cell_rows * stride);
+                avx2::cell(values, cell_rows, cell, at, stride);
             }
         }
         return;
     }
     for (c, cell) in cells.chunks_exact(cell_bytes).enumerate() {
-        portable(values, cell, &mut out[c * CELL_ROWS * stride..], stride);
+        portable(
+            values,
+            cell_rows,
+            cell,
+            &mut out[c * cell_rows * stride..],
+            stride,
+        );
     }
 }
 
-fn portable(values: CellValues, cell: &[u8], out: &mut [f32], stride: usize) {
+fn portable(values: CellValues, rows: usize, cell: &[u8], out: &mut [f32], stride: usize) {
     let f = |o: usize| f32::from_le_bytes([cell[o], cell[o + 1], cell[o + 2], cell[o + 3]]);
     let scale: [f32; GROUP] = std::array::from_fn(|l| f(l * 4));
     let offset: [f32; GROUP] = std::array::from_fn(|l| f(GROUP * 4 + l * 4));
     let v = &cell[HEAD_BYTES..];
-    for r in 0..CELL_ROWS {
+    for r in 0..rows {
         let row = &mut out[r * stride..r * stride + GROUP];
         for (l, o) in row.iter_mut().enumerate() {
             let q = match values {
@@ -53,14 +61,20 @@ fn portable(values: CellValues, cell: &[u8], out: &mut [f32], stride: usize) {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{CellValues, CELL_ROWS, GROUP, HEAD_BYTES};
+    use super::{CellValues, GROUP, HEAD_BYTES};
     use std::arch::x86_64::*;
 
-    /// One cell's 32 rows of 8 values to `out` (row r at `out + r * stride`): one 8-byte load,
+    /// One cell's rows of 8 values to `out` (row r at `out + r * stride`): one 8-byte load,
     /// a widening, a conversion and a fused multiply-add per 8 values (the product is exact,
     /// so fusing rounds as the unfused expansion does).
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn cell(values: CellValues, cell: &[u8], out: *mut f32, stride: usize) {
+    pub(super) unsafe fn cell(
+        values: CellValues,
+        rows: usize,
+        cell: &[u8],
+        out: *mut f32,
+        stride: usize,
+    ) {
         let p = cell.as_ptr();
         let scale = _mm256_loadu_ps(p as *const f32);
         let offset = _mm256_loadu_ps(p.add(GROUP * 4) as *const f32);
@@ -68,7 +82,7 @@ mod avx2 {
         match values {
             CellValues::Nibbles => {
                 let low = _mm256_set1_epi32(0x0f);
-                for r in 0..CELL_ROWS / 2 {
+                for r in 0..rows / 2 {
                     let bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(v.add(r * GROUP) as *const _));
                     let lo = _mm256_cvtepi32_ps(_mm256_and_si256(bytes, low));
                     let hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4));
@@ -80,7 +94,7 @@ mod avx2 {
                 }
             }
             CellValues::Bytes => {
-                for r in 0..CELL_ROWS {
+                for r in 0..rows {
                     let q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(v.add(r * GROUP) as *const _));
                     _mm256_storeu_ps(
                         out.add(r * stride),

@@ -155,14 +155,40 @@ pub enum GgufStorage {
     Q4_0,
     Q4_1,
     Q8_0,
+    /// K-quants: random blocks (kvb has no K-quant quantizer), small scales, the values
+    /// ignored; for tests that compare two ways of running the same file.
+    RandomQ4K,
+    RandomQ5K,
+    RandomQ6K,
 }
 
 impl GgufStorage {
     /// ggml type id and the bytes of `data`'s rows in that type.
     fn encode(self, shape: &[usize], data: &[f32]) -> (u32, Vec<u8>) {
-        let blockwise = shape.len() == 2 && shape[1] % 32 == 0;
+        let random_k = match self {
+            GgufStorage::RandomQ4K => Some((12, 144, vec![0, 2])),
+            GgufStorage::RandomQ5K => Some((13, 176, vec![0, 2])),
+            GgufStorage::RandomQ6K => Some((14, 210, vec![208])),
+            _ => None,
+        };
+        let block = if random_k.is_some() { 256 } else { 32 };
+        let blockwise = shape.len() == 2 && shape[1] % block == 0;
         if self == GgufStorage::F32 || !blockwise {
             return (0, data.iter().flat_map(|v| v.to_le_bytes()).collect());
+        }
+        if let Some((id, size, f16_at)) = random_k {
+            let mut rng = StdRng::seed_from_u64(data.len() as u64 ^ (data[0].to_bits() as u64));
+            let scale = 0.02 / (shape[1] as f32).sqrt();
+            let mut out = Vec::new();
+            for _ in 0..data.len() / 256 {
+                let start = out.len();
+                out.extend((0..size).map(|_| rng.random::<u8>()));
+                for &at in &f16_at {
+                    let d = half::f16::from_f32(scale * rng.random_range(0.5..1.0f32));
+                    out[start + at..start + at + 2].copy_from_slice(&d.to_le_bytes());
+                }
+            }
+            return (id, out);
         }
         let f16 = |v: f32| half::f16::from_f32(v).to_le_bytes();
         let mut out = Vec::new();
@@ -195,7 +221,7 @@ impl GgufStorage {
                     out.extend(f16(min));
                     out.extend((0..16).map(|i| q(b[i]) | (q(b[i + 16]) << 4)));
                 }
-                GgufStorage::F32 => unreachable!(),
+                _ => unreachable!("handled above"),
             }
         }
         let id = match self {

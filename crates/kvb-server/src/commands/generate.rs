@@ -65,7 +65,7 @@ pub struct ModelArgs {
     /// Try unknown architectures as Llama-layout models.
     #[arg(long)]
     pub no_strict: bool,
-    /// Precision of the weights in memory: auto (as stored: a GGUF's Q4_0/Q4_1/Q8_0 stay
+    /// Precision of the weights in memory: auto (as stored: a GGUF's quantized tensors stay
     /// quantized, with the outputs of their f32 expansion), f32, or q8_0 (quantizes f32/16-bit
     /// weights to 8 bits; lossy).
     #[arg(long, default_value_t = WeightPrecision::Auto)]
