@@ -3,7 +3,7 @@
 
 use super::backend_ops::{self, runs, HostKv, ModelBackend};
 use crate::config::Activation;
-use crate::packed::{PackedMatrix, GROUP};
+use crate::packed::PackedMatrix;
 use crate::rope::RopeTables;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 use burn_ndarray::{NdArray, NdArrayTensor};
@@ -45,6 +45,45 @@ fn packed_matmul(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32>
             n as isize,
             1,
         );
+    }
+    y
+}
+
+/// Output columns per panel of [`packed_panels_matmul`]: a `[k, 128]` f32 panel of the model's
+/// widest reduction (1,536) is 786 KB, within a core's L2 and the shared L3.
+const PANEL: usize = 128;
+
+/// `y = x · w` for many rows: `w` expanded `PANEL` columns at a time into one reused scratch,
+/// each panel multiplied by matrixmultiply straight into its columns of `y` (the sums of a
+/// column do not depend on the others, so the bits are [`packed_matmul`]'s over the expansion).
+fn packed_panels_matmul(x: &[f32], m: usize, w: &PackedMatrix) -> Vec<f32> {
+    let (k, n) = (w.k(), w.n());
+    assert!(x.len() >= m * k, "packed_panels_matmul: operand sizes");
+    let mut y = vec![0f32; m * n];
+    let mut panel = vec![0f32; k * PANEL];
+    for j0 in (0..n).step_by(PANEL) {
+        let cols = PANEL.min(n - j0);
+        w.dequantize_into((0, k / w.cell_rows()), (j0, cols), &mut panel, PANEL);
+        // SAFETY: x holds m rows of k; the panel holds k rows of PANEL (cols used); y's columns
+        // j0..j0 + cols of m rows lie within its m * n values; y does not overlap the inputs.
+        unsafe {
+            matrixmultiply::sgemm(
+                m,
+                k,
+                cols,
+                1.0,
+                x.as_ptr(),
+                k as isize,
+                1,
+                panel.as_ptr(),
+                PANEL as isize,
+                1,
+                0.0,
+                y.as_mut_ptr().add(j0),
+                n as isize,
+                1,
+            );
+        }
     }
     y
 }
@@ -225,10 +264,12 @@ impl ModelBackend for NdArray<f32> {
         true
     }
 
-    /// Few rows: each task expands its columns of the weight into a cache-sized scratch and runs
-    /// the f32 kernels on it (the weight streams at its stored size). More rows: the whole weight
-    /// is expanded once (rows amortise it) and multiplied by matrixmultiply. Both compute what the
-    /// f32 weight would (see [`crate::packed`]).
+    /// 1 to 4 rows: dequantized in registers ([`super::packed_rows`]). Up to 32: each task
+    /// expands its columns into a cache-sized scratch and runs the f32 kernels on it. More: the
+    /// weight is expanded panel by panel of columns into a reused scratch, each panel multiplied
+    /// by matrixmultiply (the whole weight is never expanded: that wrote and faulted in 7 MB
+    /// per MLP projection per step). All compute what the f32 weight would (see
+    /// [`crate::packed`]).
     fn packed_linear(x: Tensor<Self, 2>, w: &PackedMatrix) -> Tensor<Self, 2> {
         let [m, k] = x.dims();
         let n = w.n();
@@ -244,17 +285,7 @@ impl ModelBackend for NdArray<f32> {
         }
         let cells = k / w.cell_rows();
         let y = if m > FEW_ROWS_MAX {
-            let mut dense = vec![0f32; k * n];
-            if n % GROUP == 0 {
-                // Row bands of one cell each, in parallel.
-                dense
-                    .par_chunks_mut(w.cell_rows() * n)
-                    .enumerate()
-                    .for_each(|(c, rows)| w.dequantize_into((c, c + 1), (0, n), rows, n));
-            } else {
-                dense = w.to_dense();
-            }
-            packed_matmul(xv, &dense, m, k, n)
+            packed_panels_matmul(xv, m, w)
         } else if let Some(y) = super::packed_rows::matmul(xv, m, w) {
             y
         } else {
