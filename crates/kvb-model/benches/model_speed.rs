@@ -65,8 +65,10 @@ fn matmul_rate(c: &ModelConfig, rows: usize) -> f64 {
 fn main() {
     let dir = models_dir_in(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.."));
     let paths = ensure_default_model(&dir, &mut |l| eprintln!("{l}")).expect("the default model");
+    // The default model as shipped: its Q4_1 weights stay packed (the f32 folder computes the
+    // same bits, slower).
     let m = load_pretrained::<Cpu>(
-        &paths.hf_dir,
+        &paths.gguf,
         LoadOptions::default(),
         &Default::default(),
         &mut |_, _| {},

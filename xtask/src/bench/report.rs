@@ -318,8 +318,8 @@ fn markdown(r: &Report) -> String {
           median request's rate after its first token, times the clients. Pool memory: its peak \
           against the memory the distinct tokens served take (shared prefixes counted once).\n\n";
     s += &concurrency::markdown(&r.concurrency);
-    s += "\n## Memory (process RSS)\n\nThe peak includes loading the model (its f32 weights are built \
-          from the checkpoint); the largest RSS after a request is the model plus what the cache then \
+    s += "\n## Memory (process RSS)\n\nThe peak includes loading the model (the default model's \
+          Q4_1 weights stay packed, 115 MB); the largest RSS after a request is the model plus what the cache then \
           holds.\n\n| variant | peak | largest after a request |\n|---|---:|---:|\n";
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     for (v, (p, after)) in &r.memory_bytes {
