@@ -12,8 +12,8 @@ use kvb_store::{KvData, KvFormat, LayerKv};
 /// (slot = position) on the way. Returns the tokens written.
 ///
 /// An f32 chunk that stays where it was computed is written straight from the store's memory into
-/// the pool's (one pass per layer); quantized or half chunks are widened, and moved keys rotated,
-/// into a scratch row first.
+/// the pool's (one pass, the layers in parallel on the CPU); quantized or half chunks are widened,
+/// and moved keys rotated, into a scratch row first.
 pub(crate) fn write_pieces<B: ModelBackend>(
     pool: &mut KvPool<B>,
     table: &[BlockId],
@@ -42,6 +42,31 @@ pub(crate) fn write_pieces<B: ModelBackend>(
             .map(|&x| x as usize)
             .collect();
         let to: Vec<usize> = (p.start..p.end()).collect();
+        // An f32 chunk at its own positions: straight from the store's memory, every layer at
+        // once (in parallel where the backend can).
+        let f32s: Option<Vec<(HostKv, HostKv)>> = match rerotate {
+            Some(_) => None,
+            None => c
+                .layers
+                .iter()
+                .map(|kv| match (&kv.k, &kv.v) {
+                    (KvData::F32(k), KvData::F32(v)) => {
+                        let src = |data| HostKv {
+                            data,
+                            tokens: t,
+                            first: p.range.start,
+                        };
+                        Some((src(k), src(v)))
+                    }
+                    _ => None,
+                })
+                .collect(),
+        };
+        if let Some(srcs) = f32s {
+            pool.write_host_all(&slots, &srcs)?;
+            written += n;
+            continue;
+        }
         for (l, kv) in c.layers.iter().enumerate() {
             let host = |data: &KvData, wide: &mut Vec<f32>, rotate: bool| -> Vec<f32> {
                 // A piece of the chunk, `[h, n, d]`, widened (and rotated) in scratch.
@@ -60,21 +85,9 @@ pub(crate) fn write_pieces<B: ModelBackend>(
                 }
                 rows
             };
-            match (&kv.k, &kv.v, rerotate) {
-                (KvData::F32(k), KvData::F32(v), None) => {
-                    let src = |data| HostKv {
-                        data,
-                        tokens: t,
-                        first: p.range.start,
-                    };
-                    pool.write_host(l, &slots, src(k), src(v))?;
-                }
-                (k, v, _) => {
-                    let k = host(k, &mut wide_k, true);
-                    let v = host(v, &mut wide_v, false);
-                    pool.write_host(l, &slots, HostKv::all(&k, n), HostKv::all(&v, n))?;
-                }
-            }
+            let k = host(&kv.k, &mut wide_k, true);
+            let v = host(&kv.v, &mut wide_v, false);
+            pool.write_host(l, &slots, HostKv::all(&k, n), HostKv::all(&v, n))?;
         }
         written += n;
     }

@@ -181,20 +181,7 @@ impl<B: ModelBackend> KvPool<B> {
         k: HostKv,
         v: HostKv,
     ) -> Result<()> {
-        for src in [&k, &v] {
-            let need = self.kv_heads * src.tokens * self.head_dim;
-            if src.data.len() != need || src.first + slots.len() > src.tokens {
-                return Err(ModelError::Forward(format!(
-                    "{} host values of {} tokens (from token {}) for {} slots of {} heads x {}",
-                    src.data.len(),
-                    src.tokens,
-                    src.first,
-                    slots.len(),
-                    self.kv_heads,
-                    self.head_dim
-                )));
-            }
-        }
+        self.check_host(slots, &k, &v)?;
         self.check_slots(layer, slots, None)?;
         let (pk, pv) = self.layers[layer].take().expect("layer present");
         self.layers[layer] = Some((
@@ -216,6 +203,54 @@ impl<B: ModelBackend> KvPool<B> {
         self.check_slots(layer, slots, None)?;
         let (k, v) = self.layer(layer)?;
         Ok((B::pool_read_host(k, slots), B::pool_read_host(v, slots)))
+    }
+
+    /// [`KvPool::write_host`] into every layer at once (`srcs[l]` for layer `l`), the layers
+    /// in parallel where the backend can.
+    pub fn write_host_all(&mut self, slots: &[usize], srcs: &[(HostKv, HostKv)]) -> Result<()> {
+        if srcs.len() != self.layers.len() {
+            return Err(ModelError::Forward(format!(
+                "host K/V for {} layers, the pool has {}",
+                srcs.len(),
+                self.layers.len()
+            )));
+        }
+        for (layer, (k, v)) in srcs.iter().enumerate() {
+            self.check_host(slots, k, v)?;
+            self.check_slots(layer, slots, None)?;
+        }
+        let layers: Vec<_> = self
+            .layers
+            .iter_mut()
+            .map(|l| l.take().expect("layer present"))
+            .collect();
+        for (slot, layer) in self
+            .layers
+            .iter_mut()
+            .zip(B::pool_write_host_layers(layers, slots, srcs))
+        {
+            *slot = Some(layer);
+        }
+        Ok(())
+    }
+
+    /// Host K and V hold `slots.len()` tokens from their first of whole `[heads, tokens, dim]`.
+    fn check_host(&self, slots: &[usize], k: &HostKv, v: &HostKv) -> Result<()> {
+        for src in [k, v] {
+            let need = self.kv_heads * src.tokens * self.head_dim;
+            if src.data.len() != need || src.first + slots.len() > src.tokens {
+                return Err(ModelError::Forward(format!(
+                    "{} host values of {} tokens (from token {}) for {} slots of {} heads x {}",
+                    src.data.len(),
+                    src.tokens,
+                    src.first,
+                    slots.len(),
+                    self.kv_heads,
+                    self.head_dim
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Copies the K/V of pool slots `from` to pool slots `to`, in every layer (copy-on-write of a
@@ -316,5 +351,55 @@ mod tests {
             }
         }
         assert!(pool.copy_slots(&[1, 2], &[3]).is_err());
+    }
+
+    /// Writing host K/V into every layer at once (in parallel on the CPU) leaves the pool as
+    /// writing layer after layer does, and checks every layer's input first.
+    #[test]
+    fn write_host_all_equals_writing_each_layer() {
+        let dev = Default::default();
+        let (layers, h, d, bs, tokens) = (4, 2, 4, 4, 7);
+        let data: Vec<Vec<f32>> = (0..2 * layers)
+            .map(|l| {
+                (0..h * tokens * d)
+                    .map(|i| (i * 3 + l * 97) as f32)
+                    .collect()
+            })
+            .collect();
+        let src = |l: usize, kv: usize| HostKv {
+            data: &data[2 * l + kv],
+            tokens,
+            first: 2,
+        };
+        let slots = [5usize, 6, 7, 12, 13];
+        let mut all = KvPool::<Cpu>::new(layers, (h, d), bs, 4, &dev).unwrap();
+        let mut each = KvPool::<Cpu>::new(layers, (h, d), bs, 4, &dev).unwrap();
+        let srcs: Vec<(HostKv, HostKv)> = (0..layers).map(|l| (src(l, 0), src(l, 1))).collect();
+        all.write_host_all(&slots, &srcs).unwrap();
+        for (l, (k, v)) in srcs.iter().enumerate() {
+            each.write_host(l, &slots, *k, *v).unwrap();
+        }
+        let every: Vec<usize> = (0..16).collect();
+        for l in 0..layers {
+            assert_eq!(
+                all.read_host(l, &every).unwrap(),
+                each.read_host(l, &every).unwrap()
+            );
+            let (k, _) = all.read_host(l, &slots).unwrap();
+            assert_eq!(
+                k[0],
+                data[2 * l][2 * d],
+                "layer {l}: the first written token"
+            );
+        }
+        assert!(all.write_host_all(&slots, &srcs[..3]).is_err());
+        let short = HostKv {
+            data: &data[0][..8],
+            tokens,
+            first: 0,
+        };
+        let mut bad = srcs.clone();
+        bad[3].1 = short;
+        assert!(all.write_host_all(&slots, &bad).is_err());
     }
 }

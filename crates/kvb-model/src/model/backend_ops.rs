@@ -84,6 +84,26 @@ pub trait ModelBackend: AttentionBackend {
         Self::pool_write(pool, to, values)
     }
 
+    /// [`ModelBackend::pool_write_host`] into every layer at once: `layers[l]` is layer `l`'s
+    /// (K, V) pool and `srcs[l]` its host (K, V). Here one layer after another; a backend may
+    /// write the layers in parallel.
+    fn pool_write_host_layers(
+        layers: Vec<PoolLayer<Self>>,
+        slots: &[usize],
+        srcs: &[(HostKv, HostKv)],
+    ) -> Vec<PoolLayer<Self>> {
+        layers
+            .into_iter()
+            .zip(srcs)
+            .map(|((k, v), (sk, sv))| {
+                (
+                    Self::pool_write_host(k, slots, *sk),
+                    Self::pool_write_host(v, slots, *sv),
+                )
+            })
+            .collect()
+    }
+
     /// The values at pool slots `slots`, `[kv_heads, n, head_dim]`, on the host.
     fn pool_read_host(pool: &Tensor<Self, 3>, slots: &[usize]) -> Vec<f32> {
         pool_read(pool, slots)
@@ -93,6 +113,9 @@ pub trait ModelBackend: AttentionBackend {
             .unwrap_or_default()
     }
 }
+
+/// One layer of a K/V pool: its K and its V, each `[kv_heads, slots, head_dim]`.
+pub type PoolLayer<B> = (Tensor<B, 3>, Tensor<B, 3>);
 
 /// Host K or V to write into a pool: `data` is `[kv_heads, tokens, head_dim]`, of which tokens
 /// `first..` are written (a piece of a stored chunk).

@@ -1,7 +1,7 @@
 //! burn-ndarray's overrides of [`ModelBackend`]: fused row passes, the few-row product, and K/V
 //! pool writes in place.
 
-use super::backend_ops::{self, runs, HostKv, ModelBackend};
+use super::backend_ops::{self, runs, HostKv, ModelBackend, PoolLayer};
 use crate::config::Activation;
 use crate::packed::PackedMatrix;
 use crate::rope::RopeTables;
@@ -328,6 +328,22 @@ impl ModelBackend for NdArray<f32> {
 
     fn pool_write_host(pool: Tensor<Self, 3>, slots: &[usize], src: HostKv) -> Tensor<Self, 3> {
         write_in_place(pool, slots, src)
+    }
+
+    /// The layers in parallel: a warm request copies tens of megabytes of stored K/V, which one
+    /// core moved at ~8 GB/s (1.1 ms of a RAG request's 434 cached tokens).
+    fn pool_write_host_layers(
+        layers: Vec<PoolLayer<Self>>,
+        slots: &[usize],
+        srcs: &[(HostKv, HostKv)],
+    ) -> Vec<PoolLayer<Self>> {
+        layers
+            .into_par_iter()
+            .zip(srcs.par_iter())
+            .map(|((k, v), (sk, sv))| {
+                (write_in_place(k, slots, *sk), write_in_place(v, slots, *sv))
+            })
+            .collect()
     }
 
     /// On the host, in place: a gather into a small buffer and a write, without the tensor ops

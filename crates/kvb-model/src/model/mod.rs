@@ -11,7 +11,7 @@ mod layers;
 mod packed_rows;
 mod precision;
 
-pub use backend_ops::{pool_read, pool_write_reference, HostKv, ModelBackend};
+pub use backend_ops::{pool_read, pool_write_reference, HostKv, ModelBackend, PoolLayer};
 pub use batch::{ForwardBatch, SeqRows};
 pub use layers::{activate, Embedding, Linear, RmsNorm};
 pub use precision::WeightPrecision;
