@@ -95,12 +95,7 @@ pub trait ModelBackend: AttentionBackend {
         layers
             .into_iter()
             .zip(srcs)
-            .map(|((k, v), (sk, sv))| {
-                (
-                    Self::pool_write_host(k, slots, *sk),
-                    Self::pool_write_host(v, slots, *sv),
-                )
-            })
+            .map(|(layer, src)| write_host_layer::<Self>(layer, slots, src))
             .collect()
     }
 
@@ -116,6 +111,18 @@ pub trait ModelBackend: AttentionBackend {
 
 /// One layer of a K/V pool: its K and its V, each `[kv_heads, slots, head_dim]`.
 pub type PoolLayer<B> = (Tensor<B, 3>, Tensor<B, 3>);
+
+/// [`ModelBackend::pool_write_host`] of one layer's K and V.
+pub(crate) fn write_host_layer<B: ModelBackend>(
+    (k, v): PoolLayer<B>,
+    slots: &[usize],
+    (sk, sv): &(HostKv, HostKv),
+) -> PoolLayer<B> {
+    (
+        B::pool_write_host(k, slots, *sk),
+        B::pool_write_host(v, slots, *sv),
+    )
+}
 
 /// Host K or V to write into a pool: `data` is `[kv_heads, tokens, head_dim]`, of which tokens
 /// `first..` are written (a piece of a stored chunk).

@@ -340,9 +340,7 @@ impl ModelBackend for NdArray<f32> {
         layers
             .into_par_iter()
             .zip(srcs.par_iter())
-            .map(|((k, v), (sk, sv))| {
-                (write_in_place(k, slots, *sk), write_in_place(v, slots, *sv))
-            })
+            .map(|(layer, src)| backend_ops::write_host_layer::<Self>(layer, slots, src))
             .collect()
     }
 
