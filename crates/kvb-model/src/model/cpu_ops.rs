@@ -432,6 +432,7 @@ fn pool_write_generic(
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_values::{burn_matmul, spread};
     use super::*;
     use crate::packed::CELL_ROWS;
     use proptest::prelude::*;
@@ -443,13 +444,10 @@ mod tests {
         /// (`few_rows` matches the same product bit for bit).
         #[test]
         fn packed_matmul_matches_burn_ndarray_bit_for_bit(m in 1usize..80, k in 1usize..600, n in 1usize..70, seed in 0u32..1000) {
-            let val = |i: usize| (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 2001) as f32 - 1000.0) / 700.0;
+            let val = |i: usize| spread(i, seed, 700.0);
             let x: Vec<f32> = (0..m * k).map(val).collect();
             let w: Vec<f32> = (0..k * n).map(|i| val(i + 7919)).collect();
-            let dev = Default::default();
-            let xt = Tensor::<NdArray<f32>, 2>::from_data(TensorData::new(x.clone(), [m, k]), &dev);
-            let wt = Tensor::<NdArray<f32>, 2>::from_data(TensorData::new(w.clone(), [k, n]), &dev);
-            let want = xt.matmul(wt).into_data().to_vec::<f32>().unwrap();
+            let want = burn_matmul(&x, &w, m, k, n);
             let got = packed_matmul(&x, &w, m, k, n);
             for (i, (g, e)) in got.iter().zip(&want).enumerate() {
                 prop_assert_eq!(g.to_bits(), e.to_bits(), "element {} of [{}, {}]", i, m, n);
@@ -468,7 +466,7 @@ mod tests {
             use crate::packed::BlockTensor;
             // Q6_K rows are whole 256-weight blocks, read in 16-row cells.
             let k = if format == 2 { blocks_per_row.div_ceil(8) * 256 } else { blocks_per_row * CELL_ROWS };
-            let val = |i: usize| (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 2001) as f32 - 1000.0) / 700.0;
+            let val = |i: usize| spread(i, seed, 700.0);
             let w: Vec<f32> = (0..n * k).map(|i| val(i + 7919)).collect();
             let byte = |i: usize| ((i as u32).wrapping_mul(2246822519).wrapping_add(seed) >> 13) as u8;
             let packed = match format {

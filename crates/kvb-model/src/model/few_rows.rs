@@ -403,6 +403,7 @@ mod avx2 {
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_values::{burn_matmul, spread};
     use super::*;
     use proptest::prelude::*;
 
@@ -418,16 +419,6 @@ mod tests {
         y.into_iter().map(|v| v as f32).collect()
     }
 
-    /// burn-ndarray's product, which runs matrixmultiply's sgemm.
-    fn sgemm(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
-        use burn::tensor::{Tensor, TensorData};
-        type Cpu = burn::backend::NdArray<f32>;
-        let dev = Default::default();
-        let x = Tensor::<Cpu, 2>::from_data(TensorData::new(x.to_vec(), [m, k]), &dev);
-        let w = Tensor::<Cpu, 2>::from_data(TensorData::new(w.to_vec(), [k, n]), &dev);
-        x.matmul(w).into_data().to_vec::<f32>().unwrap()
-    }
-
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(48))]
         /// The same bits as matrixmultiply for every shape (reductions longer than one 256-wide
@@ -437,11 +428,11 @@ mod tests {
         /// f64 test below still bounds the error.
         #[test]
         fn matches_matrixmultiply_bit_for_bit(m in 1usize..40, k in 1usize..700, n in 1usize..90, seed in 0u32..1000) {
-            let val = |i: usize| (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 2001) as f32 - 1000.0) / 700.0;
+            let val = |i: usize| spread(i, seed, 700.0);
             let x: Vec<f32> = (0..m * k).map(val).collect();
             let w: Vec<f32> = (0..k * n).map(|i| val(i + 104729)).collect();
             let got = matmul(&x, &w, m, k, n);
-            let want = sgemm(&x, &w, m, k, n);
+            let want = burn_matmul(&x, &w, m, k, n);
             if cfg!(target_arch = "x86_64") {
                 for (i, (g, e)) in got.iter().zip(&want).enumerate() {
                     prop_assert_eq!(g.to_bits(), e.to_bits(), "element {} of [{}, {}]: {} vs {}", i, m, n, g, e);
@@ -461,12 +452,11 @@ mod tests {
             (4, 64, 16_384),
         ] {
             assert!(streams(m, n));
-            let val =
-                |i: usize| (((i as u32).wrapping_mul(2654435761) % 2001) as f32 - 1000.0) / 700.0;
+            let val = |i: usize| spread(i, 0, 700.0);
             let x: Vec<f32> = (0..m * k).map(val).collect();
             let w: Vec<f32> = (0..k * n).map(|i| val(i + 104729)).collect();
             let got = matmul(&x, &w, m, k, n);
-            let want = sgemm(&x, &w, m, k, n);
+            let want = burn_matmul(&x, &w, m, k, n);
             if cfg!(target_arch = "x86_64") {
                 for (i, (g, e)) in got.iter().zip(&want).enumerate() {
                     assert_eq!(
@@ -484,7 +474,7 @@ mod tests {
         /// float rounding of an f64 reference.
         #[test]
         fn equals_the_naive_product(m in 1usize..13, k in 1usize..40, n in 1usize..150, seed in 0u32..1000) {
-            let val = |i: usize| (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 2001) as f32 - 1000.0) / 500.0;
+            let val = |i: usize| spread(i, seed, 500.0);
             let x: Vec<f32> = (0..m * k).map(val).collect();
             let w: Vec<f32> = (0..k * n).map(|i| val(i + 7919)).collect();
             let got = matmul(&x, &w, m, k, n);

@@ -10,6 +10,8 @@ mod layers;
 #[cfg(feature = "ndarray")]
 mod packed_rows;
 mod precision;
+#[cfg(all(test, feature = "ndarray"))]
+mod test_values;
 
 pub use backend_ops::{pool_read, pool_write_reference, HostKv, ModelBackend, PoolLayer};
 pub use batch::{ForwardBatch, SeqRows};

@@ -71,15 +71,11 @@ fn packed(parts: &[StoredTensor], precision: WeightPrecision) -> Result<Option<P
     let all_blocks = blocks.len() == parts.len();
     match precision {
         WeightPrecision::F32 => Ok(None),
-        WeightPrecision::Auto if all_blocks => {
-            let owned: Vec<BlockTensor> = blocks.into_iter().cloned().collect();
-            PackedMatrix::from_blocks(&owned).map(Some)
+        // Stored blocks stay as they are (at most 8 bits already).
+        WeightPrecision::Auto | WeightPrecision::Q8_0 if all_blocks => {
+            PackedMatrix::from_blocks(&blocks).map(Some)
         }
         WeightPrecision::Auto => Ok(None),
-        WeightPrecision::Q8_0 if all_blocks => {
-            let owned: Vec<BlockTensor> = blocks.into_iter().cloned().collect();
-            PackedMatrix::from_blocks(&owned).map(Some)
-        }
         WeightPrecision::Q8_0 => {
             let host: Vec<HostTensor> = parts.iter().cloned().map(StoredTensor::into_f32).collect();
             let cols = host[0].shape[1];

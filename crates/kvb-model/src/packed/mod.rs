@@ -27,6 +27,7 @@ mod dequant;
 use crate::error::{ModelError, Result};
 use crate::gguf::blocks::{self, Coded};
 use crate::gguf::GgmlType;
+use std::borrow::Borrow;
 
 /// Rows of the reduction per cell at most (ggml's block of 32; Q6_K's sub-blocks take 16).
 pub const CELL_ROWS: usize = 32;
@@ -130,12 +131,13 @@ impl PackedMatrix {
     /// Packs stored tensors stacked along their rows (fused projections: q, k and v one after
     /// the other) into one `[cols, sum of rows]` weight, as stored: 4-bit cells if every part
     /// holds 4-bit integers, else 8-bit cells; 16-row cells if a part's sub-blocks are 16 long.
-    pub fn from_blocks(parts: &[BlockTensor]) -> Result<Self> {
-        let Some(first) = parts.first() else {
+    pub fn from_blocks<T: Borrow<BlockTensor>>(parts: &[T]) -> Result<Self> {
+        let parts: Vec<&BlockTensor> = parts.iter().map(Borrow::borrow).collect();
+        let Some(first) = parts.first().copied() else {
             return Err(ModelError::Weights("a projection with no weights".into()));
         };
         let k = first.cols;
-        for p in parts {
+        for &p in &parts {
             let (per_block, block_bytes) = p.ggml_type.block();
             if !BlockTensor::packable(p.ggml_type)
                 || p.cols != k
@@ -170,7 +172,7 @@ impl PackedMatrix {
         let mut out = PackedMatrix::zeroed(values, cell_rows, k, n, source);
         let mut coded = Vec::with_capacity(k);
         let mut j = 0;
-        for p in parts {
+        for &p in &parts {
             let block_bytes = p.ggml_type.block().1;
             for row in p
                 .bytes

@@ -128,6 +128,6 @@ fn unpackable_tensors_are_errors_naming_the_problem() {
     let a = blocks(GgmlType::Q8_0, 2, 64, 1);
     let b = blocks(GgmlType::Q8_0, 2, 32, 1);
     assert!(PackedMatrix::from_blocks(&[a, b]).is_err());
-    assert!(PackedMatrix::from_blocks(&[]).is_err());
+    assert!(PackedMatrix::from_blocks::<BlockTensor>(&[]).is_err());
     assert!(PackedMatrix::quantize_q8_0(&[(&[0.0; 20], 1)], 20).is_err());
 }
