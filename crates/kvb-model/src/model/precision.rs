@@ -78,7 +78,11 @@ fn packed(parts: &[StoredTensor], precision: WeightPrecision) -> Result<Option<P
         WeightPrecision::Auto => Ok(None),
         WeightPrecision::Q8_0 => {
             let host: Vec<HostTensor> = parts.iter().cloned().map(StoredTensor::into_f32).collect();
-            let cols = host[0].shape[1];
+            let cols = match host.first().map(|t| t.shape.as_slice()) {
+                Some(&[_, cols]) => cols,
+                // Not a matrix: nothing to quantize.
+                _ => return Ok(None),
+            };
             if cols % crate::packed::CELL_ROWS != 0 {
                 // Too narrow to quantize in blocks of 32: stays f32.
                 return Ok(None);
