@@ -4,7 +4,7 @@
 //! runs burn's multi-pass softmax over it; measured on SmolLM2's shapes, that took 830 ms per layer
 //! at 2,048 tokens. Here:
 //! - [`tile`]: prefill rows (and dense attention) in tiles with an online softmax, products by
-//!   `matrixmultiply::sgemm` reading K/V in place through strides;
+//!   `kvb_gemm::strided` on the task's thread, reading K/V in place through strides;
 //! - [`decode`]: decode rows, block by block, each block read once for every row that shares it.
 //!
 //! Paged K/V is read in place wherever a tile's keys sit in consecutive pool slots (a sequence's

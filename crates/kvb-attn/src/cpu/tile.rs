@@ -4,7 +4,7 @@
 //! A task takes one q head and a block of up to [`QUERY_BLOCK`] query rows, walks the visible keys
 //! in tiles of [`KEY_BLOCK`] and keeps a running softmax, so scores live only in a small
 //! L2-resident tile and keys no row sees are never touched. The two products per tile go to
-//! `matrixmultiply::sgemm`, which reads K/V in place through strides.
+//! `kvb_gemm::strided`, which reads K/V in place through strides on the task's own thread.
 //!
 //! Tiles sit on a fixed grid of key slots (`0, 256, 512, ...`), whatever the rows of the task and
 //! wherever the K/V lives, and keys a row does not see weigh exactly zero; so a row's result
@@ -12,6 +12,7 @@
 //! on how a prefill was cut into chunks, nor on which sequences share the batch.
 
 use crate::fastmath::fast_exp;
+use kvb_gemm::strided::{product, Output, Strided};
 
 /// Queries per task: 64 rows x 256 keys keeps the score tile at 64 KiB.
 pub(crate) const QUERY_BLOCK: usize = 64;
@@ -70,27 +71,27 @@ pub(crate) unsafe fn attend_rows(
         let tile = &mut scores[..rows * width];
         // SAFETY: the caller guarantees rows x d queries and width x d keys behind the pointers;
         // the output tile is `rows x width`, row stride `width`.
-        matrixmultiply::sgemm(
-            rows,
-            d,
-            width,
+        product(
+            (rows, d, width),
             scale,
-            q.ptr,
-            q.row,
-            q.col,
-            t.k,
-            t.k_col,
-            t.k_row,
-            0.0,
-            tile.as_mut_ptr(),
-            width as isize,
-            1,
+            Strided {
+                ptr: q.ptr,
+                row: q.row,
+                col: q.col,
+            },
+            Strided {
+                ptr: t.k,
+                row: t.k_col,
+                col: t.k_row,
+            },
+            Output::Overwrite,
+            tile,
+            width,
         );
         for r in 0..rows {
             let row = &mut tile[r * width..(r + 1) * width];
             // Visibility is a prefix of the tile; the blocked set can hide more.
             let visible = (vis.last[r] + 1).saturating_sub(j0).min(width);
-            row[visible..].fill(f32::NEG_INFINITY);
             if let Some(blocked) = vis.blocked {
                 for (j, s) in row[..visible].iter_mut().enumerate() {
                     if blocked(r, j0 + j) {
@@ -98,58 +99,132 @@ pub(crate) unsafe fn attend_rows(
                     }
                 }
             }
-            let block_max = row[..visible]
-                .iter()
-                .copied()
-                .fold(f32::NEG_INFINITY, f32::max);
-            if block_max == f32::NEG_INFINITY {
-                row.fill(0.0); // nothing visible here: contributes exactly nothing
-                continue;
-            }
-            let new_max = running_max[r].max(block_max);
-            let mut sum = 0f32;
-            for s in row.iter_mut() {
-                // -inf (hidden) must give exactly 0, not the clamped e^-87.
-                *s = if *s == f32::NEG_INFINITY {
-                    0.0
-                } else {
-                    fast_exp(*s - new_max)
-                };
-                sum += *s;
-            }
-            let rescale = if running_max[r] == f32::NEG_INFINITY {
-                0.0
-            } else {
-                fast_exp(running_max[r] - new_max)
-            };
-            running_sum[r] = running_sum[r] * rescale + sum;
-            running_max[r] = new_max;
-            if rescale != 1.0 {
-                out[r * d..(r + 1) * d]
+            match online_softmax_step(row, visible, &mut running_max[r], &mut running_sum[r]) {
+                None => row.fill(0.0), // nothing visible here: contributes exactly nothing
+                Some(rescale) if rescale != 1.0 => out[r * d..(r + 1) * d]
                     .iter_mut()
-                    .for_each(|o| *o *= rescale);
+                    .for_each(|o| *o *= rescale),
+                Some(_) => {}
             }
         }
         // SAFETY: as above; the output block is `rows x d`, contiguous.
-        matrixmultiply::sgemm(
-            rows,
-            width,
+        product(
+            (rows, width, d),
+            1.0,
+            Strided {
+                ptr: tile.as_ptr(),
+                row: width as isize,
+                col: 1,
+            },
+            Strided {
+                ptr: t.v,
+                row: t.v_row,
+                col: t.v_col,
+            },
+            Output::Accumulate,
+            out,
             d,
-            1.0,
-            tile.as_ptr(),
-            width as isize,
-            1,
-            t.v,
-            t.v_row,
-            t.v_col,
-            1.0,
-            out.as_mut_ptr(),
-            d as isize,
-            1,
         );
     }
     for r in 0..rows {
         let inv = 1.0 / running_sum[r];
         out[r * d..(r + 1) * d].iter_mut().for_each(|o| *o *= inv);
     }
+}
+
+/// One tile's step of the online softmax for one row: the row's scores become weights
+/// `e^(s - max)` over the running maximum (hidden keys, at `-inf` or past `visible`, weigh exactly
+/// 0), their sum joins `running_sum`, and the factor by which earlier tiles' output must shrink is
+/// returned (`None` when the tile shows the row nothing).
+///
+/// The passes are written to vectorise: the maximum is exact in any order, and the sum runs in
+/// eight lanes combined as `((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7))`, the same for a row whatever
+/// else shares its task. With AVX2 (detected once) the same loops run on 8-lane vectors; Rust
+/// never fuses a multiply and an add on its own, so both compile to the same bits.
+fn online_softmax_step(
+    row: &mut [f32],
+    visible: usize,
+    running_max: &mut f32,
+    running_sum: &mut f32,
+) -> Option<f32> {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: the CPU has AVX2 (checked).
+        return unsafe { softmax_step_avx2(row, visible, running_max, running_sum) };
+    }
+    softmax_step(row, visible, running_max, running_sum)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_avx2() -> bool {
+    static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVX2.get_or_init(|| std::arch::is_x86_feature_detected!("avx2"))
+}
+
+/// [`softmax_step`] compiled for AVX2.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn softmax_step_avx2(
+    row: &mut [f32],
+    visible: usize,
+    running_max: &mut f32,
+    running_sum: &mut f32,
+) -> Option<f32> {
+    softmax_step(row, visible, running_max, running_sum)
+}
+
+#[inline(always)]
+fn softmax_step(
+    row: &mut [f32],
+    visible: usize,
+    running_max: &mut f32,
+    running_sum: &mut f32,
+) -> Option<f32> {
+    const LANES: usize = 8;
+    let (seen, hidden) = row.split_at_mut(visible);
+    hidden.fill(0.0);
+    let mut maxes = [f32::NEG_INFINITY; LANES];
+    let mut chunks = seen.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (m, &s) in maxes.iter_mut().zip(c) {
+            *m = if s > *m { s } else { *m };
+        }
+    }
+    let block_max = chunks
+        .remainder()
+        .iter()
+        .chain(&maxes)
+        .fold(f32::NEG_INFINITY, |m, &s| if s > m { s } else { m });
+    if block_max == f32::NEG_INFINITY {
+        return None;
+    }
+    let new_max = running_max.max(block_max);
+    for s in seen.iter_mut() {
+        // -inf (hidden) must give exactly 0, not the clamped e^-87.
+        let e = fast_exp(*s - new_max);
+        *s = if *s == f32::NEG_INFINITY { 0.0 } else { e };
+    }
+    let mut lanes = [0f32; LANES];
+    let mut chunks = seen.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (l, &s) in lanes.iter_mut().zip(c) {
+            *l += s;
+        }
+    }
+    for (l, &s) in lanes.iter_mut().zip(chunks.remainder()) {
+        *l += s;
+    }
+    let sum = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]))
+        + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+    let rescale = if *running_max == f32::NEG_INFINITY {
+        0.0
+    } else {
+        fast_exp(*running_max - new_max)
+    };
+    *running_sum = *running_sum * rescale + sum;
+    *running_max = new_max;
+    Some(rescale)
 }

@@ -11,88 +11,10 @@ use kvb_attn::fastmath::fast_exp;
 use rayon::prelude::*;
 
 /// Up to this many rows, a product runs through [`super::few_rows`], which streams the
-/// weight once instead of packing it (matrixmultiply packs the whole `[k, n]` weight on each
-/// call: the LM head took 107 ms per decode step). Above it, packing pays for itself and
-/// [`packed_matmul`] calls matrixmultiply directly.
+/// weight once instead of packing it (packing the whole `[k, n]` weight costs as much as the
+/// product itself at these sizes: the LM head took 107 ms per decode step through sgemm). Above
+/// it, [`kvb_gemm`] packs and pays for it.
 const FEW_ROWS_MAX: usize = 32;
-
-/// `y = x · w` for row-major `x [m, k]` and `w [k, n]` by matrixmultiply's sgemm, the product
-/// burn-ndarray runs too, but called on the slices as they are: burn-ndarray's `matmul`
-/// reshapes its operands to 3-d first, which copied the whole weight on every call (all of the
-/// model's 540 MB per step, on one thread, with fresh pages to fault in).
-fn packed_matmul(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
-    assert!(
-        x.len() >= m * k && w.len() >= k * n,
-        "packed_matmul: operand sizes"
-    );
-    let mut y = vec![0f32; m * n];
-    // SAFETY: x holds m rows of k, w holds k rows of n, y holds m rows of n, all row-major with
-    // the strides given; the three do not overlap (y is a fresh allocation).
-    unsafe {
-        matrixmultiply::sgemm(
-            m,
-            k,
-            n,
-            1.0,
-            x.as_ptr(),
-            k as isize,
-            1,
-            w.as_ptr(),
-            n as isize,
-            1,
-            0.0,
-            y.as_mut_ptr(),
-            n as isize,
-            1,
-        );
-    }
-    y
-}
-
-/// Packed products of up to this many rows run the few-row kernels on per-task expansions.
-/// Measured on SmolLM2's shapes (2 cores, Q4_1): 64 rows x [576, 3,072] 3.8 -> 1.9 ms against
-/// panels + sgemm, 128 rows 5.8 -> 3.6 ms, even at 256 rows; at 512 rows panels win (13.7
-/// against 19.1 ms: every task would stream all 512 rows of x).
-const PACKED_BANDS_MAX_ROWS: usize = 256;
-
-/// Output columns per panel of [`packed_panels_matmul`]: a `[k, 128]` f32 panel of the model's
-/// widest reduction (1,536) is 786 KB, within a core's L2 and the shared L3.
-const PANEL: usize = 128;
-
-/// `y = x · w` for many rows: `w` expanded `PANEL` columns at a time into one reused scratch,
-/// each panel multiplied by matrixmultiply straight into its columns of `y` (the sums of a
-/// column do not depend on the others, so the bits are [`packed_matmul`]'s over the expansion).
-fn packed_panels_matmul(x: &[f32], m: usize, w: &PackedMatrix) -> Vec<f32> {
-    let (k, n) = (w.k(), w.n());
-    assert!(x.len() >= m * k, "packed_panels_matmul: operand sizes");
-    let mut y = vec![0f32; m * n];
-    let mut panel = vec![0f32; k * PANEL];
-    for j0 in (0..n).step_by(PANEL) {
-        let cols = PANEL.min(n - j0);
-        w.dequantize_into((0, k / w.cell_rows()), (j0, cols), &mut panel, PANEL);
-        // SAFETY: x holds m rows of k; the panel holds k rows of PANEL (cols used); y's columns
-        // j0..j0 + cols of m rows lie within its m * n values; y does not overlap the inputs.
-        unsafe {
-            matrixmultiply::sgemm(
-                m,
-                k,
-                cols,
-                1.0,
-                x.as_ptr(),
-                k as isize,
-                1,
-                panel.as_ptr(),
-                PANEL as isize,
-                1,
-                0.0,
-                y.as_mut_ptr().add(j0),
-                n as isize,
-                1,
-            );
-        }
-    }
-    y
-}
 
 fn f32_slice(t: &NdArrayTensor) -> Option<(Vec<usize>, &[f32])> {
     match t {
@@ -255,7 +177,7 @@ impl ModelBackend for NdArray<f32> {
         match (f32_slice(&xp), f32_slice(&wp)) {
             (Some((xs, xv)), Some((ws, wv))) if xs == [m, k] && ws == [k, n] => {
                 let y = if m > FEW_ROWS_MAX {
-                    packed_matmul(xv, wv, m, k, n)
+                    kvb_gemm::matmul(xv, m, k, n, &kvb_gemm::DenseWeight { w: wv, n })
                 } else {
                     super::few_rows::matmul(xv, wv, m, k, n)
                 };
@@ -270,12 +192,10 @@ impl ModelBackend for NdArray<f32> {
         true
     }
 
-    /// 1 to 4 rows: dequantized in registers ([`super::packed_rows`]). Up to
-    /// [`PACKED_BANDS_MAX_ROWS`]: each task expands its columns into a cache-sized scratch and
-    /// runs the f32 kernels on it. More: the weight is expanded panel by panel of columns into a
-    /// reused scratch, each panel multiplied by matrixmultiply (the whole weight is never
-    /// expanded: that wrote and faulted in 7 MB per MLP projection per step). All compute what
-    /// the f32 weight would (see [`crate::packed`]).
+    /// 1 to 4 rows: dequantized in registers ([`super::packed_rows`]). More: the blocked GEMM
+    /// ([`kvb_gemm`]) expands the weight block by block straight into its panels (the whole
+    /// weight is never expanded). Both compute what the f32 weight would (see
+    /// [`crate::packed`]).
     fn packed_linear(x: Tensor<Self, 2>, w: &PackedMatrix) -> Tensor<Self, 2> {
         let [m, k] = x.dims();
         let n = w.n();
@@ -289,16 +209,8 @@ impl ModelBackend for NdArray<f32> {
         if xs != [m, k] || k != w.k() {
             return backend_ops::packed_linear_reference(x, w);
         }
-        let cells = k / w.cell_rows();
-        let y = if m > PACKED_BANDS_MAX_ROWS {
-            packed_panels_matmul(xv, m, w)
-        } else if let Some(y) = super::packed_rows::matmul(xv, m, w) {
-            y
-        } else {
-            super::few_rows::matmul_by_columns(xv, m, k, n, |j0, cols, scratch, stride| {
-                w.dequantize_into((0, cells), (j0, cols), scratch, stride)
-            })
-        };
+        let y = super::packed_rows::matmul(xv, m, w)
+            .unwrap_or_else(|| kvb_gemm::matmul(xv, m, k, n, w));
         Tensor::from_data(TensorData::new(y, [m, n]), &device)
     }
 
@@ -439,23 +351,26 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(24))]
-        /// The direct call computes the bits burn-ndarray's `matmul` computes, so a row's result
-        /// does not depend on whether its step had more or fewer than [`FEW_ROWS_MAX`] rows
-        /// (`few_rows` matches the same product bit for bit).
+        /// The product of a linear layer computes the bits burn-ndarray's `matmul` computes on
+        /// either side of [`FEW_ROWS_MAX`], so a row's result does not depend on how many rows
+        /// its step had.
         #[test]
-        fn packed_matmul_matches_burn_ndarray_bit_for_bit(m in 1usize..80, k in 1usize..600, n in 1usize..70, seed in 0u32..1000) {
+        fn linear_products_match_burn_ndarray_bit_for_bit(m in 1usize..80, k in 1usize..600, n in 1usize..70, seed in 0u32..1000) {
             let val = |i: usize| spread(i, seed, 700.0);
             let x: Vec<f32> = (0..m * k).map(val).collect();
             let w: Vec<f32> = (0..k * n).map(|i| val(i + 7919)).collect();
             let want = burn_matmul(&x, &w, m, k, n);
-            let got = packed_matmul(&x, &w, m, k, n);
+            let dev = Default::default();
+            let xt = Tensor::<NdArray<f32>, 2>::from_data(TensorData::new(x, [m, k]), &dev);
+            let wt = Tensor::<NdArray<f32>, 2>::from_data(TensorData::new(w, [k, n]), &dev);
+            let got = NdArray::<f32>::linear_matmul(xt, wt).into_data().to_vec::<f32>().unwrap();
             for (i, (g, e)) in got.iter().zip(&want).enumerate() {
                 prop_assert_eq!(g.to_bits(), e.to_bits(), "element {} of [{}, {}]", i, m, n);
             }
         }
 
         /// A product over packed weights gives the bits of the same product over the weights
-        /// expanded to f32, for few rows (per-task expansion) and many (whole expansion), so a
+        /// expanded to f32, for few rows (in registers) and many (the blocked GEMM), so a
         /// model answers the same whether it keeps its GGUF's blocks or expands them.
         #[test]
         fn packed_products_equal_the_f32_products_bit_for_bit(

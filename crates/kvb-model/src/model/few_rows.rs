@@ -34,8 +34,7 @@ const BANDS_PER_TASK: usize = 4;
 /// when a task packs its 256-row block (see `avx2::bands`).
 const BANDS_PER_WIDE_TASK: usize = 16;
 const WIDE: usize = 8192;
-/// The reduction block of matrixmultiply's sgemm (`S_KC` in its `archparam_defaults.rs`).
-pub(crate) const KC: usize = 256;
+pub(crate) use kvb_gemm::{has_fma, KC};
 /// A weight is read row by row (see the module doc) for up to this many rows ...
 const STREAM_MAX_ROWS: usize = 4;
 /// ... when it is this wide; for 1 or 2 rows already from [`STREAM_MIN_COLS_FEW`] columns.
@@ -67,41 +66,6 @@ pub fn matmul(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
         };
     in_column_ranges(m, n, width, |j0, cols, tile| {
         columns(x, w, m, k, n, j0, cols, tile)
-    })
-}
-
-/// `y = x · w` for a weight held in another form (packed, quantized): each parallel task asks
-/// `fill(j0, cols, scratch, stride)` for its columns `j0..j0 + cols` as f32, row-major `[k,
-/// stride]` (`stride` is `cols` rounded up to 8), and multiplies by them with the kernels of
-/// [`matmul`]. So for the same f32 values, the same bits as [`matmul`] and as matrixmultiply.
-pub fn matmul_by_columns(
-    x: &[f32],
-    m: usize,
-    k: usize,
-    n: usize,
-    fill: impl Fn(usize, usize, &mut [f32], usize) + Sync,
-) -> Vec<f32> {
-    assert!(x.len() >= m * k, "matmul_by_columns: operand sizes");
-    thread_local! {
-        /// A task's weight columns, reused: a fresh allocation of this size per task would be
-        /// mapped, faulted in and unmapped every time.
-        static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-    }
-    let width = BAND
-        * if n >= WIDE {
-            BANDS_PER_WIDE_TASK
-        } else {
-            BANDS_PER_TASK
-        };
-    in_column_ranges(m, n, width, |j0, cols, tile| {
-        SCRATCH.with_borrow_mut(|w| {
-            let stride = cols.div_ceil(8) * 8;
-            if w.len() < k * stride {
-                w.resize(k * stride, 0.0);
-            }
-            fill(j0, cols, &mut w[..k * stride], stride);
-            columns(x, w, m, k, stride, 0, cols, tile);
-        })
     })
 }
 
@@ -212,19 +176,6 @@ fn portable(
                 *o = if k0 == 0 { *a } else { *o + *a };
             }
         }
-    }
-}
-
-/// Whether matrixmultiply runs its FMA kernel here (AVX2 and FMA): multiply-adds must then be
-/// fused to round as it does; elsewhere they round twice, as its other kernels do.
-fn has_fma() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("fma") && std::arch::is_x86_feature_detected!("avx2")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
     }
 }
 

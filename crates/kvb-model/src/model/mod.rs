@@ -6,6 +6,8 @@ mod batch;
 mod cpu_ops;
 #[cfg(feature = "ndarray")]
 mod few_rows;
+#[cfg(all(test, feature = "ndarray"))]
+mod gemm_tests;
 mod layers;
 #[cfg(feature = "ndarray")]
 mod packed_rows;

@@ -1,8 +1,8 @@
 //! Products of a few rows (a decode step: 1 to 4) by a packed weight, dequantizing in
 //! registers: each weight is loaded once at its stored size, widened, converted and scaled in
 //! a vector register, and multiplied into every row's accumulators, never written back out as
-//! f32. (The general path, [`super::few_rows::matmul_by_columns`], expands a task's columns into
-//! a scratch first: measured on a SmolLM2 decode step, that round trip took 70% of the step.)
+//! f32. (Expanding a task's columns into a scratch first, as [`kvb_gemm`] does for many
+//! rows, took 70% of a SmolLM2 decode step.)
 //!
 //! **The same bits as the f32 kernels.** Per output column the reduction runs in row order,
 //! summed from zero in blocks of [`KC`] rows, the block sums added to the output in order:

@@ -387,3 +387,17 @@ impl PackedMatrix {
 
 #[cfg(test)]
 mod tests;
+
+/// The blocked GEMM expands a packed weight straight into its panels, block by block; its
+/// reduction blocks (256 rows) are whole cells, so any panel is a run of cells.
+impl kvb_gemm::WeightPanels for PackedMatrix {
+    fn panel(&self, k0: usize, rows: usize, j0: usize, cols: usize, out: &mut [f32]) {
+        let cell = self.cell_rows;
+        self.dequantize_into(
+            (k0 / cell, (k0 + rows) / cell),
+            (j0, cols),
+            out,
+            kvb_gemm::NR,
+        );
+    }
+}
