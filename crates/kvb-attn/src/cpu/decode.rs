@@ -189,9 +189,7 @@ pub(crate) fn decode_attention(
     let per_segment = SEGMENT_KEYS / TILE;
     let segments = max_tiles.div_ceil(per_segment);
     #[cfg(target_arch = "x86_64")]
-    let avx2 = d % 8 == 0
-        && std::arch::is_x86_feature_detected!("avx2")
-        && std::arch::is_x86_feature_detected!("fma");
+    let avx2 = d % 8 == 0 && kvb_gemm::has_fma();
     let tasks: Vec<(usize, usize)> = (0..kv_heads)
         .flat_map(|kh| (0..segments).map(move |s| (kh, s)))
         .collect();

@@ -139,7 +139,7 @@ pub(crate) unsafe fn attend_rows(
 ///
 /// The passes are written to vectorise: the maximum is exact in any order, and the sum runs in
 /// eight lanes combined as `((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7))`, the same for a row whatever
-/// else shares its task. With AVX2 (detected once) the same loops run on 8-lane vectors; Rust
+/// else shares its task. With AVX2 (detected once, by kvb-gemm) the same loops run on 8-lane vectors; Rust
 /// never fuses a multiply and an add on its own, so both compile to the same bits.
 fn online_softmax_step(
     row: &mut [f32],
@@ -148,17 +148,11 @@ fn online_softmax_step(
     running_sum: &mut f32,
 ) -> Option<f32> {
     #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: the CPU has AVX2 (checked).
+    if kvb_gemm::has_fma() {
+        // SAFETY: the CPU has AVX2 (checked, with FMA, which this step does not use).
         return unsafe { softmax_step_avx2(row, visible, running_max, running_sum) };
     }
     softmax_step(row, visible, running_max, running_sum)
-}
-
-#[cfg(target_arch = "x86_64")]
-fn has_avx2() -> bool {
-    static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *AVX2.get_or_init(|| std::arch::is_x86_feature_detected!("avx2"))
 }
 
 /// [`softmax_step`] compiled for AVX2.

@@ -21,10 +21,7 @@ pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix) -> Option<Vec<f32>> {
     #[cfg(target_arch = "x86_64")]
     {
         let fits = (1..=MAX_ROWS).contains(&m) && KC % w.cell_rows() == 0 && x.len() >= m * w.k();
-        if !fits
-            || !std::arch::is_x86_feature_detected!("avx2")
-            || !std::arch::is_x86_feature_detected!("fma")
-        {
+        if !fits || !kvb_gemm::has_fma() {
             return None;
         }
         let groups = w.n().div_ceil(GROUP);

@@ -20,7 +20,7 @@ pub(super) fn group(
         "dequant::group: output too short"
     );
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+    if kvb_gemm::has_fma() {
         // SAFETY: the CPU has AVX2 and FMA (checked above); every cell is `cell_bytes` long
         // (chunks_exact) and `out` holds `rows` rows of `stride` with 8 lanes each (asserted).
         unsafe {
