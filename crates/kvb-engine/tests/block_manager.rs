@@ -72,6 +72,8 @@ struct World {
     seqs: Vec<Option<Seq>>,
     /// Every sequence's tokens ever started (what new sequences extend).
     history: Vec<Vec<u32>>,
+    /// Every block the allocator ever handed out.
+    handed_out: std::collections::HashSet<BlockId>,
 }
 
 fn fresh_tokens(seed: u32, n: usize, salt: usize) -> Vec<u32> {
@@ -147,6 +149,7 @@ impl World {
             return Ok(());
         };
         table.extend(&fresh);
+        self.handed_out.extend(&fresh);
         if let Some((_, block, used)) = m.partial {
             // Copy-on-write of a block matched in part: its first `used` slots into our own.
             let src = self.content.get(&block).cloned().unwrap_or_default();
@@ -230,7 +233,10 @@ impl World {
             let slot = s.computed;
             if slot / bs >= s.table.len() {
                 match self.m.allocate(1, &mut |_: &Removed| {}) {
-                    Some(b) => s.table.extend(b),
+                    Some(b) => {
+                        self.handed_out.extend(&b);
+                        s.table.extend(b)
+                    }
                     None => break,
                 }
             }
@@ -283,6 +289,14 @@ impl World {
         }
         let in_use = expected.values().filter(|&&c| c > 0).count();
         prop_assert_eq!(a.used(), in_use);
+        // Blocks reported never used (the scheduler overwrites them to back them with memory)
+        // were never handed out, and are the last ones the pool created.
+        let never = a.never_used();
+        prop_assert_eq!(never.end as usize, a.capacity());
+        for b in never {
+            prop_assert!(!self.handed_out.contains(&b), "block {} was handed out", b);
+            prop_assert_eq!(a.refcount(b), 0);
+        }
         // Every node's block holds its tokens.
         for (b, path, _) in &entries {
             let start = (path.len() - 1) / self.bs * self.bs;
@@ -345,7 +359,7 @@ proptest! {
         ops in prop::collection::vec(op(), 1..60),
         probes in prop::collection::vec((prop::collection::vec(0u32..6, 0..30), any::<bool>()), 1..4),
     ) {
-        let mut w = World { m: BlockManager::new(bs, max_blocks), bs, content: HashMap::new(), seqs: Vec::new(), history: Vec::new() };
+        let mut w = World { m: BlockManager::new(bs, max_blocks), bs, content: HashMap::new(), seqs: Vec::new(), history: Vec::new(), handed_out: Default::default() };
         for op in ops {
             match op {
                 Op::Start { from, keep, fresh, seed, approx_ok, approximate_from } => {

@@ -129,6 +129,26 @@ impl<B: ModelBackend> KvPool<B> {
         self.blocks = blocks;
     }
 
+    /// Backs block `block` with memory ahead of use (on the CPU the pool's pages are mapped on
+    /// first write; elsewhere nothing to do). Only for a free block: its values are lost.
+    pub fn prefault(&mut self, block: usize) -> Result<()> {
+        if block >= self.blocks {
+            return Err(ModelError::Forward(format!(
+                "block {block} of a pool of {} blocks",
+                self.blocks
+            )));
+        }
+        let slots = block * self.block_size..(block + 1) * self.block_size;
+        for layer in self.layers.iter_mut() {
+            let (k, v) = layer.take().expect("layer present");
+            *layer = Some((
+                B::pool_prefault(k, slots.clone()),
+                B::pool_prefault(v, slots.clone()),
+            ));
+        }
+        Ok(())
+    }
+
     fn check_slots(&self, layer: usize, slots: &[usize], values: Option<[usize; 3]>) -> Result<()> {
         if layer >= self.layers.len() {
             return Err(ModelError::Forward(format!(
@@ -351,6 +371,42 @@ mod tests {
             }
         }
         assert!(pool.copy_slots(&[1, 2], &[3]).is_err());
+    }
+
+    /// Backing a free block with memory touches that block alone: every other block keeps its
+    /// K and V in every layer, and a block beyond the pool is an error.
+    #[test]
+    fn prefault_leaves_other_blocks_alone() {
+        let dev = Default::default();
+        let (layers, h, d, bs, blocks) = (2, 3, 4, 4, 4);
+        let mut pool = KvPool::<Cpu>::new(layers, (h, d), bs, blocks, &dev).unwrap();
+        let every: Vec<usize> = (0..bs * blocks).collect();
+        for layer in 0..layers {
+            let val = |salt: usize| {
+                let data: Vec<f32> = (0..h * every.len() * d)
+                    .map(|i| (1 + i * 5 + layer * 71 + salt) as f32)
+                    .collect();
+                Tensor::<Cpu, 3>::from_data(TensorData::new(data, [h, every.len(), d]), &dev)
+            };
+            pool.write(layer, &every, val(0), val(500)).unwrap();
+        }
+        let before: Vec<_> = (0..layers)
+            .map(|l| pool.read_host(l, &every).unwrap())
+            .collect();
+        pool.prefault(2).unwrap();
+        let others: Vec<usize> = every.iter().copied().filter(|s| s / bs != 2).collect();
+        for (layer, (k0, v0)) in before.iter().enumerate() {
+            let (k, v) = pool.read_host(layer, &every).unwrap();
+            for (now, was) in [(&k, k0), (&v, v0)] {
+                for head in 0..h {
+                    for &s in &others {
+                        let at = (head * every.len() + s) * d;
+                        assert_eq!(now[at..at + d], was[at..at + d], "layer {layer} slot {s}");
+                    }
+                }
+            }
+        }
+        assert!(pool.prefault(blocks).is_err());
     }
 
     /// Writing host K/V into every layer at once (in parallel on the CPU) leaves the pool as

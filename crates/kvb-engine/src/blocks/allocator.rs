@@ -15,6 +15,9 @@ pub struct BlockAllocator {
     /// Blocks in use with a count of exactly 1 whose one reference is the tree's (evictable).
     in_tree: Vec<bool>,
     tree_only: usize,
+    /// Blocks from here to the capacity have never been handed out (fresh ids go out lowest
+    /// first, so the ones handed out are always below this).
+    first_unused: usize,
 }
 
 /// Blocks the pool holds after its first growth.
@@ -29,6 +32,7 @@ impl BlockAllocator {
             max_blocks,
             in_tree: Vec::new(),
             tree_only: 0,
+            first_unused: 0,
         }
     }
 
@@ -40,6 +44,12 @@ impl BlockAllocator {
     /// The budget.
     pub fn max_blocks(&self) -> usize {
         self.max_blocks
+    }
+
+    /// Blocks created but never handed out: free, and on the CPU not yet backed by memory (see
+    /// [`kvb_model::KvPool::prefault`]). Freed blocks go out before these.
+    pub fn never_used(&self) -> std::ops::Range<BlockId> {
+        self.first_unused as BlockId..self.capacity() as BlockId
     }
 
     /// Blocks with at least one reference.
@@ -91,6 +101,7 @@ impl BlockAllocator {
         }
         let b = self.free.pop()?;
         self.refcount[b as usize] = 1;
+        self.first_unused = self.first_unused.max(b as usize + 1);
         Some(b)
     }
 

@@ -59,7 +59,13 @@ pub(crate) struct Scheduler<B: ModelBackend> {
     requests: u64,
     preemptions: u64,
     peak_used: usize,
+    /// Blocks below this are backed by memory (see [`Scheduler::prefault_ahead`]).
+    prefaulted_until: usize,
 }
+
+/// How much of the pool's never-used blocks an idle scheduler backs with memory ahead of the next
+/// requests: a warm request's few new blocks, a few times over, at little resident memory.
+const PREFAULT_AHEAD_BYTES: usize = 16 << 20;
 
 impl<B: ModelBackend> Scheduler<B> {
     pub fn new(shared: Arc<Shared<B>>, pool: KvPool<B>, max_blocks: usize) -> Self {
@@ -74,6 +80,7 @@ impl<B: ModelBackend> Scheduler<B> {
             requests: 0,
             preemptions: 0,
             peak_used: 0,
+            prefaulted_until: 0,
         }
     }
 
@@ -82,6 +89,7 @@ impl<B: ModelBackend> Scheduler<B> {
         loop {
             let idle = self.running.is_empty() && self.waiting.is_empty();
             let first = if idle {
+                self.prefault_ahead(&commands);
                 match commands.recv() {
                     Ok(c) => Some(c),
                     Err(_) => return self.shutdown(),
@@ -113,6 +121,22 @@ impl<B: ModelBackend> Scheduler<B> {
                 self.step();
             }
             self.publish();
+        }
+    }
+
+    /// While nothing runs, backs the next blocks the allocator will hand out with memory, one
+    /// block at a time until a command arrives: on the CPU a fresh block's first write otherwise
+    /// pays a page fault per 4 KiB on a request's path (1.2 ms of a warm request's 1.4 ms
+    /// assembly, for the copy-on-write of its partial block).
+    fn prefault_ahead(&mut self, commands: &Receiver<Command>) {
+        let ahead = (PREFAULT_AHEAD_BYTES / self.pool.block_bytes().max(1)).max(1);
+        let unused = self.blocks.allocator().never_used();
+        let (first, end) = (unused.start as usize, unused.end as usize);
+        for block in first.max(self.prefaulted_until)..end.min(first + ahead) {
+            if !commands.is_empty() || self.pool.prefault(block).is_err() {
+                return;
+            }
+            self.prefaulted_until = block + 1;
         }
     }
 

@@ -55,6 +55,13 @@ pub trait ModelBackend: AttentionBackend {
         Tensor::zeros(shape, device)
     }
 
+    /// Backs pool slots `slots` (free ones: their values are left unspecified) with memory now,
+    /// so that the first sequence to write them does not pay for it. Here nothing: a device
+    /// buffer is backed when it is allocated.
+    fn pool_prefault(pool: Tensor<Self, 3>, _slots: std::ops::Range<usize>) -> Tensor<Self, 3> {
+        pool
+    }
+
     /// Writes `values` `[kv_heads, n, head_dim]` into `pool` `[kv_heads, slots, head_dim]` at the
     /// given `n` pool slots (distinct). A backend writes in place where the pool is not shared.
     fn pool_write(
