@@ -54,6 +54,11 @@ pub enum RopeScaling {
         /// The context the model was pretrained on.
         original_max_position_embeddings: f32,
     },
+    /// One divisor per frequency (`head_dim / 2` of them): what a GGUF file stores as its
+    /// `rope_freqs` tensor (llama.cpp writes Llama 3.1/3.2's scaling this way). Written to
+    /// `config.json` as `{"rope_type": "freq_factors", "factors": [...]}`, which kvb reads and
+    /// transformers does not.
+    FreqFactors(Vec<f32>),
 }
 
 /// A resolved model configuration: every default applied, every field checked.
@@ -300,6 +305,16 @@ impl ModelConfig {
             (_, other) => return Err(bad(format!("unsupported activation `{other}`"))),
         };
         let rope_scaling = parse_rope_scaling(raw.rope_scaling.as_ref()).map_err(bad)?;
+        if let RopeScaling::FreqFactors(f) = &rope_scaling {
+            if f.len() != head_dim / 2 || f.iter().any(|x| !x.is_finite() || *x <= 0.0) {
+                return Err(bad(format!(
+                    "rope frequency factors: {} of them for head_dim {head_dim} (needs {}, each \
+                     finite and positive)",
+                    f.len(),
+                    head_dim / 2
+                )));
+            }
+        }
         let attention_bias = match family {
             Family::Qwen2 => true,
             _ => raw.attention_bias.unwrap_or(false),
@@ -371,6 +386,9 @@ impl ModelConfig {
                 "high_freq_factor": high_freq_factor,
                 "original_max_position_embeddings": original_max_position_embeddings,
             }),
+            RopeScaling::FreqFactors(factors) => {
+                serde_json::json!({"rope_type": "freq_factors", "factors": factors})
+            }
         };
         let act = match self.activation {
             Activation::Silu => "silu",
@@ -422,6 +440,12 @@ fn parse_rope_scaling(value: Option<&serde_json::Value>) -> Result<RopeScaling, 
         "linear" => Ok(RopeScaling::Linear {
             factor: num("factor")?,
         }),
+        "freq_factors" => obj
+            .get("factors")
+            .and_then(|v| v.as_array())
+            .and_then(|a| a.iter().map(|x| x.as_f64().map(|x| x as f32)).collect())
+            .map(RopeScaling::FreqFactors)
+            .ok_or_else(|| "rope_scaling of type freq_factors needs `factors`: numbers".into()),
         "llama3" => Ok(RopeScaling::Llama3 {
             factor: num("factor")?,
             low_freq_factor: num("low_freq_factor")?,
@@ -429,7 +453,7 @@ fn parse_rope_scaling(value: Option<&serde_json::Value>) -> Result<RopeScaling, 
             original_max_position_embeddings: num("original_max_position_embeddings")?,
         }),
         other => Err(format!(
-            "rope_scaling type `{other}` is not supported (supported: linear, llama3)"
+            "rope_scaling type `{other}` is not supported (supported: linear, llama3, freq_factors)"
         )),
     }
 }
@@ -510,5 +534,27 @@ mod tests {
         let c = ModelConfig::from_json(LLAMA, true).unwrap();
         let again = ModelConfig::from_json(&c.to_hf_json().to_string(), true).unwrap();
         assert_eq!(c, again);
+    }
+
+    /// A GGUF's per-frequency RoPE divisors survive `config.json` (the cache's namespace is built
+    /// from it, so two factor sets never share K/V), and bad ones are refused.
+    #[test]
+    fn rope_frequency_factors_round_trip_and_are_checked() {
+        let mut c = ModelConfig::from_json(LLAMA, true).unwrap();
+        let half = c.head_dim / 2;
+        c.rope_scaling = RopeScaling::FreqFactors((0..half).map(|i| 1.0 + i as f32).collect());
+        let json = c.to_hf_json().to_string();
+        assert_eq!(ModelConfig::from_json(&json, true).unwrap(), c);
+        for bad in [vec![1.0; half + 1], {
+            let mut f = vec![1.0; half];
+            f[0] = -2.0;
+            f
+        }] {
+            c.rope_scaling = RopeScaling::FreqFactors(bad);
+            let err = ModelConfig::from_json(&c.to_hf_json().to_string(), true)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("rope frequency factors"), "{err}");
+        }
     }
 }

@@ -59,7 +59,7 @@ pub mod rope;
 pub mod tokenizer;
 pub mod weights;
 
-pub use config::{Family, ModelConfig};
+pub use config::{Family, ModelConfig, RopeScaling};
 pub use error::{ModelError, Result};
 pub use kv_cache::KvCache;
 pub use kv_pool::KvPool;

@@ -36,6 +36,12 @@ impl Rope {
         match &config.rope_scaling {
             RopeScaling::None => {}
             RopeScaling::Linear { factor } => inv_freq.iter_mut().for_each(|f| *f /= factor),
+            // As llama.cpp applies a GGUF's `rope_freqs`: each frequency divided by its factor.
+            RopeScaling::FreqFactors(factors) => {
+                for (f, factor) in inv_freq.iter_mut().zip(factors) {
+                    *f /= factor;
+                }
+            }
             RopeScaling::Llama3 {
                 factor,
                 low_freq_factor,

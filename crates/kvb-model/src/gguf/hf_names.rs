@@ -65,8 +65,13 @@ pub fn unpermute_rows<T: Copy + Default>(
     Ok(out)
 }
 
-/// A transformers-style `config.json` built from GGUF metadata.
-pub fn config_json(h: &GgufHeader, arch: &str) -> Result<serde_json::Value> {
+/// A transformers-style `config.json` built from GGUF metadata, and the file's `rope_freqs`
+/// tensor (per-frequency RoPE divisors) when it has one.
+pub fn config_json(
+    h: &GgufHeader,
+    arch: &str,
+    rope_freqs: Option<Vec<f32>>,
+) -> Result<serde_json::Value> {
     let meta = |key: &str| h.metadata.get(&format!("{arch}.{key}"));
     let int = |key: &str| -> Result<u64> {
         meta(key)
@@ -90,6 +95,14 @@ pub fn config_json(h: &GgufHeader, arch: &str) -> Result<serde_json::Value> {
             reason: "tensor `token_embd.weight` is missing".into(),
         })?;
     let rope_scaling = match meta("rope.scaling.type").and_then(GgufValue::as_str) {
+        Some("none") | None if rope_freqs.is_some() => {
+            serde_json::json!({"rope_type": "freq_factors", "factors": rope_freqs})
+        }
+        Some("linear") if rope_freqs.is_some() => {
+            return Err(ModelError::Unsupported(
+                "a GGUF with both linear rope scaling and a `rope_freqs` tensor".into(),
+            ))
+        }
         Some("linear") => serde_json::json!({
             "rope_type": "linear",
             "factor": meta("rope.scaling.factor").and_then(GgufValue::as_f64).unwrap_or(1.0),

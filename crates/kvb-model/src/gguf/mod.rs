@@ -19,6 +19,9 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::Path;
 
+/// The tensor of per-frequency RoPE divisors (part of the configuration, not a weight).
+const ROPE_FREQS: &str = "rope_freqs.weight";
+
 /// A memory-mapped GGUF model file.
 pub struct GgufModel {
     header: GgufHeader,
@@ -48,15 +51,10 @@ impl GgufModel {
                 hf_names::SUPPORTED_ARCHS
             )));
         }
-        if header.tensors.contains_key("rope_freqs.weight") {
-            return Err(ModelError::Unsupported(
-                "GGUF with a `rope_freqs` tensor (Llama 3.1 rope scaling): load the HuggingFace folder instead"
-                    .into(),
-            ));
-        }
         let hf_to_gguf = header
             .tensors
             .keys()
+            .filter(|g| g.as_str() != ROPE_FREQS)
             .map(|g| (hf_names::to_hf(g).unwrap_or_else(|| g.clone()), g.clone()))
             .collect();
         Ok(GgufModel {
@@ -72,9 +70,14 @@ impl GgufModel {
         &self.header
     }
 
-    /// The model configuration, from GGUF metadata.
+    /// The model configuration, from GGUF metadata (and the `rope_freqs` tensor, with which
+    /// llama.cpp stores Llama 3.1/3.2's RoPE scaling).
     pub fn config(&self, strict: bool) -> Result<ModelConfig> {
-        let json = hf_names::config_json(&self.header, &self.arch)?;
+        let rope_freqs = match self.header.tensors.get(ROPE_FREQS) {
+            Some(info) => Some(dequantize(info.ggml_type, &self.mmap[info.range.clone()])),
+            None => None,
+        };
+        let json = hf_names::config_json(&self.header, &self.arch, rope_freqs)?;
         ModelConfig::from_json(&json.to_string(), strict)
     }
 

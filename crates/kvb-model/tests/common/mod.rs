@@ -335,19 +335,20 @@ pub fn gguf_name(hf: &str) -> String {
     }
     let rest = hf.strip_prefix("model.layers.").unwrap();
     let (layer, tail) = rest.split_once('.').unwrap();
-    let part = match tail {
-        "input_layernorm.weight" => "attn_norm",
-        "post_attention_layernorm.weight" => "ffn_norm",
-        "self_attn.q_proj.weight" => "attn_q",
-        "self_attn.k_proj.weight" => "attn_k",
-        "self_attn.v_proj.weight" => "attn_v",
-        "self_attn.o_proj.weight" => "attn_output",
-        "mlp.gate_proj.weight" => "ffn_gate",
-        "mlp.up_proj.weight" => "ffn_up",
-        "mlp.down_proj.weight" => "ffn_down",
+    let (module, kind) = tail.rsplit_once('.').unwrap();
+    let part = match module {
+        "input_layernorm" => "attn_norm",
+        "post_attention_layernorm" => "ffn_norm",
+        "self_attn.q_proj" => "attn_q",
+        "self_attn.k_proj" => "attn_k",
+        "self_attn.v_proj" => "attn_v",
+        "self_attn.o_proj" => "attn_output",
+        "mlp.gate_proj" => "ffn_gate",
+        "mlp.up_proj" => "ffn_up",
+        "mlp.down_proj" => "ffn_down",
         other => panic!("no GGUF name for {other}"),
     };
-    format!("blk.{layer}.{part}.weight")
+    format!("blk.{layer}.{part}.{kind}")
 }
 
 /// A GGUF (llama architecture, F32) of the same model as `tensors` with HF names.
