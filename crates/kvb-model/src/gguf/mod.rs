@@ -5,6 +5,7 @@ pub mod blocks;
 mod dequant;
 mod hf_names;
 mod parse;
+mod spm;
 mod tokenizer;
 
 pub use dequant::dequantize;

@@ -134,8 +134,10 @@ pub enum Meta {
     Str(&'static str, String),
     U32(&'static str, u32),
     F32(&'static str, f32),
+    Bool(&'static str, bool),
     StrArray(&'static str, Vec<String>),
     I32Array(&'static str, Vec<i32>),
+    F32Array(&'static str, Vec<f32>),
 }
 
 fn put_str(out: &mut Vec<u8>, s: &str) {
@@ -274,10 +276,24 @@ pub fn gguf_bytes_as(
                     put_str(&mut out, s);
                 }
             }
+            Meta::Bool(k, v) => {
+                put_str(&mut out, k);
+                out.extend(7u32.to_le_bytes());
+                out.push(*v as u8);
+            }
             Meta::I32Array(k, v) => {
                 put_str(&mut out, k);
                 out.extend(9u32.to_le_bytes());
                 out.extend(5u32.to_le_bytes());
+                out.extend((v.len() as u64).to_le_bytes());
+                for x in v {
+                    out.extend(x.to_le_bytes());
+                }
+            }
+            Meta::F32Array(k, v) => {
+                put_str(&mut out, k);
+                out.extend(9u32.to_le_bytes());
+                out.extend(6u32.to_le_bytes());
                 out.extend((v.len() as u64).to_le_bytes());
                 for x in v {
                     out.extend(x.to_le_bytes());
