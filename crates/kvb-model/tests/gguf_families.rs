@@ -1,8 +1,8 @@
 //! GGUF files of the layouts people download, built from the tiny reference models the way
 //! llama.cpp's converter writes them, load to the model transformers computes (its logits at
 //! every position, ~1e-4; and keys after RoPE far from position 0): a Llama 3.1-style file
-//! whose RoPE scaling is a `rope_freqs` tensor (no scaling metadata), and a Qwen2 file (q/k/v
-//! biases, rows not permuted).
+//! whose RoPE scaling is a `rope_freqs` tensor (no scaling metadata), a Qwen2 file (q/k/v
+//! biases, rows not permuted) and a Gemma file (norm weights stored as 1 + w).
 
 mod common;
 
@@ -72,11 +72,15 @@ fn gguf_of(arch: &'static str, c: &ModelConfig, tensors: &Tensors, extra: Tensor
                 c.num_kv_heads
             };
             let permute = arch == "llama" && (n.contains("q_proj") || n.contains("k_proj"));
-            let data = match (permute, s.len()) {
+            let mut data = match (permute, s.len()) {
                 (true, 2) => permute_like_llama_cpp(d, s[0], s[1], heads),
                 (true, _) => permute_like_llama_cpp(d, s[0], 1, heads),
                 (false, _) => d.clone(),
             };
+            if arch == "gemma" && n.ends_with("norm.weight") {
+                // llama.cpp's converter stores Gemma's (1 + w) RMSNorm weights as 1 + w.
+                data.iter_mut().for_each(|x| *x += 1.0);
+            }
             (gguf_name(n), s.clone(), data)
         })
         .collect();
@@ -219,6 +223,15 @@ fn a_qwen2_gguf_with_biases_matches_transformers() {
     assert_eq!(loaded.family, config.family);
     assert!(loaded.attention_bias);
     check("qwen2", &model);
+}
+
+#[test]
+fn a_gemma_gguf_matches_transformers() {
+    let (config, tensors) = fixture("gemma");
+    let (loaded, model) = load_gguf(gguf_of("gemma", &config, &tensors, Vec::new()));
+    assert_eq!(loaded.family, config.family);
+    assert_eq!(loaded.head_dim, config.head_dim);
+    check("gemma", &model);
 }
 
 #[test]

@@ -4,7 +4,7 @@ use super::parse::{GgufHeader, GgufValue};
 use crate::error::{ModelError, Result};
 
 /// GGUF architectures whose tensors map onto the Llama layout kvb runs.
-pub const SUPPORTED_ARCHS: [&str; 2] = ["llama", "qwen2"];
+pub const SUPPORTED_ARCHS: [&str; 3] = ["llama", "qwen2", "gemma"];
 
 /// The HF name of a GGUF tensor, or `None` for a name kvb does not know.
 pub fn to_hf(gguf: &str) -> Option<String> {
@@ -117,6 +117,7 @@ pub fn config_json(
     let token_id = |key: &str| h.metadata.get(key).and_then(GgufValue::as_u64);
     let architecture = match arch {
         "qwen2" => "Qwen2ForCausalLM",
+        "gemma" => "GemmaForCausalLM",
         _ => "LlamaForCausalLM",
     };
     Ok(serde_json::json!({

@@ -132,7 +132,13 @@ impl TensorSource for GgufModel {
 
     fn read(&self, name: &str) -> Result<HostTensor> {
         let (info, g) = self.info(name)?;
-        let data = dequantize(info.ggml_type, &self.mmap[info.range.clone()]);
+        let mut data = dequantize(info.ggml_type, &self.mmap[info.range.clone()]);
+        if self.arch == "gemma" && g.ends_with("norm.weight") {
+            // llama.cpp stores Gemma's RMSNorm weights as 1 + w; kvb's Gemma multiplies by
+            // 1 + w itself. For a stored value s >= 0, s - 1 is exact, so 1 + w gives s back
+            // bit for bit.
+            data.iter_mut().for_each(|x| *x -= 1.0);
+        }
         Ok(HostTensor {
             shape: info.shape.clone(),
             data: self.unpermute(g, &info.shape, data)?,
