@@ -74,10 +74,11 @@ impl GgufModel {
     /// The model configuration, from GGUF metadata (and the `rope_freqs` tensor, with which
     /// llama.cpp stores Llama 3.1/3.2's RoPE scaling).
     pub fn config(&self, strict: bool) -> Result<ModelConfig> {
-        let rope_freqs = match self.header.tensors.get(ROPE_FREQS) {
-            Some(info) => Some(dequantize(info.ggml_type, &self.mmap[info.range.clone()])),
-            None => None,
-        };
+        let rope_freqs = self
+            .header
+            .tensors
+            .get(ROPE_FREQS)
+            .map(|info| dequantize(info.ggml_type, &self.mmap[info.range.clone()]));
         let json = hf_names::config_json(&self.header, &self.arch, rope_freqs)?;
         ModelConfig::from_json(&json.to_string(), strict)
     }

@@ -232,7 +232,7 @@ impl ModelBackend for NdArray<f32> {
                 dst[from..to].fill(0.0);
             }
         });
-        touched.unwrap_or_else(|pool| pool)
+        touched.0
     }
 
     fn pool_write(
@@ -329,31 +329,34 @@ fn write_in_place(
             }
         }
     });
-    written.unwrap_or_else(|pool| pool_write_generic(pool, slots, src))
+    match written {
+        (pool, true) => pool,
+        (pool, false) => pool_write_generic(pool, slots, src),
+    }
 }
 
-/// Runs `f` on the pool's memory (`[h, total, d]`, contiguous) in place, or gives the pool back
-/// untouched when it is not contiguous f32. The pool is uniquely owned by its
+/// Runs `f` on the pool's memory (`[h, total, d]`, contiguous) in place; returns the pool and
+/// whether `f` ran (not when the pool is not contiguous f32). The pool is uniquely owned by its
 /// [`crate::KvPool`]; were it shared, `into_owned` would copy it first (correct, only slow).
 fn in_place(
     pool: Tensor<NdArray<f32>, 3>,
     f: impl FnOnce(&mut [f32], [usize; 3]),
-) -> std::result::Result<Tensor<NdArray<f32>, 3>, Tensor<NdArray<f32>, 3>> {
+) -> (Tensor<NdArray<f32>, 3>, bool) {
     let dims = pool.dims();
     let TensorPrimitive::Float(NdArrayTensor::F32(storage)) = pool.clone().into_primitive() else {
-        return Err(pool);
+        return (pool, false);
     };
     drop(pool);
     let mut array = storage.into_owned();
-    let Some(dst) = array.as_slice_mut() else {
-        return Err(Tensor::from_primitive(TensorPrimitive::Float(
-            NdArrayTensor::from(array),
-        )));
+    let ran = match array.as_slice_mut() {
+        Some(dst) => {
+            f(dst, dims);
+            true
+        }
+        None => false,
     };
-    f(dst, dims);
-    Ok(Tensor::from_primitive(TensorPrimitive::Float(
-        NdArrayTensor::from(array),
-    )))
+    let pool = Tensor::from_primitive(TensorPrimitive::Float(NdArrayTensor::from(array)));
+    (pool, ran)
 }
 
 fn pool_write_generic(
