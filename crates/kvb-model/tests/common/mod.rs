@@ -145,6 +145,21 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
     out.extend(s.as_bytes());
 }
 
+/// A metadata array of `count` numbers of GGUF type `element` (5: i32, 6: f32), as bytes.
+fn put_array(
+    out: &mut Vec<u8>,
+    key: &str,
+    element: u32,
+    count: usize,
+    values: impl Iterator<Item = u8>,
+) {
+    put_str(out, key);
+    out.extend(9u32.to_le_bytes());
+    out.extend(element.to_le_bytes());
+    out.extend((count as u64).to_le_bytes());
+    out.extend(values);
+}
+
 /// Serialises a GGUF file: `tensors` are (gguf name, PyTorch shape, f32 data).
 pub fn gguf_bytes(meta: &[Meta], tensors: &[(String, Vec<usize>, Vec<f32>)]) -> Vec<u8> {
     gguf_bytes_as(meta, tensors, GgufStorage::F32)
@@ -282,22 +297,12 @@ pub fn gguf_bytes_as(
                 out.push(*v as u8);
             }
             Meta::I32Array(k, v) => {
-                put_str(&mut out, k);
-                out.extend(9u32.to_le_bytes());
-                out.extend(5u32.to_le_bytes());
-                out.extend((v.len() as u64).to_le_bytes());
-                for x in v {
-                    out.extend(x.to_le_bytes());
-                }
+                let values = v.iter().flat_map(|x| x.to_le_bytes());
+                put_array(&mut out, k, 5, v.len(), values);
             }
             Meta::F32Array(k, v) => {
-                put_str(&mut out, k);
-                out.extend(9u32.to_le_bytes());
-                out.extend(6u32.to_le_bytes());
-                out.extend((v.len() as u64).to_le_bytes());
-                for x in v {
-                    out.extend(x.to_le_bytes());
-                }
+                let values = v.iter().flat_map(|x| x.to_le_bytes());
+                put_array(&mut out, k, 6, v.len(), values);
             }
         }
     }
