@@ -1,14 +1,19 @@
-//! Weights kept in their stored precision: a GGUF's Q4_0, Q4_1 and Q8_0 tensors stay packed on the
-//! CPU and the model computes, bit for bit, what it computes with the same file expanded to f32 —
-//! for a long prefill (many-row products) and for decode steps (few-row products), with a tied
-//! and an untied LM head — in a fraction of the memory. `--weights q8_0` quantizes f32 weights
-//! and stays close to them.
+//! Weights kept in their stored precision: a GGUF's Q4_0, Q4_1 and Q8_0 tensors, and f16/bf16
+//! tensors of a GGUF or a safetensors folder, stay packed on the CPU and the model computes, bit
+//! for bit, what it computes with the same file expanded to f32 — for a long prefill (many-row
+//! products) and for decode steps (few-row products), with a tied and an untied LM head — in a
+//! fraction of the memory. `--weights q8_0` and `--weights bf16` round f32 weights and stay
+//! close to them.
 
 mod common;
 
-use common::{llama_gguf_as, random_weights, tiny_llama_config, GgufStorage, B};
+use common::{
+    llama_gguf_as, random_weights, tiny_llama_config, write_safetensors_as, GgufStorage, B,
+};
 use kvb_model::gguf::GgufModel;
+use kvb_model::weights::SafetensorsDir;
 use kvb_model::{LogitsFor, Model, ModelConfig, WeightPrecision};
+use safetensors::Dtype;
 
 /// Logits of a 40-token prefill (more rows than the few-row kernels take) followed by 6 decode
 /// steps, all concatenated.
@@ -53,6 +58,71 @@ fn load(path: &std::path::Path, precision: WeightPrecision) -> Model<B> {
     .unwrap()
 }
 
+/// Fails unless `a` and `b` hold the same bits.
+fn assert_same_bits(a: &[f32], b: &[f32], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths");
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert_eq!(
+            x.to_bits(),
+            y.to_bits(),
+            "{what}, logit {i}: packed {x} vs f32 {y}"
+        );
+    }
+}
+
+/// 16-bit float weights (f16 and bf16 GGUFs, bf16 and f16 safetensors folders) stay 16-bit and
+/// compute what their f32 expansion computes.
+#[test]
+fn sixteen_bit_weights_stay_16_bit_and_give_the_f32_expansions_outputs_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    for tied in [false, true] {
+        let config = config(tied);
+        let weights = random_weights(&config, 17);
+        for storage in [GgufStorage::F16, GgufStorage::Bf16] {
+            let path = dir.path().join(format!("{storage:?}-{tied}.gguf"));
+            std::fs::write(&path, llama_gguf_as(&config, &weights, storage)).unwrap();
+            let packed = load(&path, WeightPrecision::Auto);
+            let f32s = load(&path, WeightPrecision::F32);
+            assert_same_bits(
+                &run(&packed),
+                &run(&f32s),
+                &format!("{storage:?} GGUF (tied: {tied})"),
+            );
+            let ratio = packed.weight_bytes() as f64 / f32s.weight_bytes() as f64;
+            assert!(
+                ratio < 0.55,
+                "{storage:?} (tied: {tied}): 16-bit weights take {ratio:.2} of f32's"
+            );
+        }
+        for dtype in [Dtype::BF16, Dtype::F16] {
+            let folder = dir.path().join(format!("{dtype:?}-{tied}"));
+            std::fs::create_dir_all(&folder).unwrap();
+            write_safetensors_as(&folder.join("model.safetensors"), &weights, dtype);
+            let source = SafetensorsDir::open(&folder).unwrap();
+            let load = |precision| {
+                Model::<B>::load_with(
+                    &config,
+                    &source,
+                    precision,
+                    &Default::default(),
+                    &mut |_, _| {},
+                )
+                .unwrap()
+            };
+            let (packed, f32s) = (load(WeightPrecision::Auto), load(WeightPrecision::F32));
+            assert_same_bits(
+                &run(&packed),
+                &run(&f32s),
+                &format!("{dtype:?} safetensors (tied: {tied})"),
+            );
+            assert!(
+                packed.weight_bytes() * 100 < f32s.weight_bytes() * 55,
+                "{dtype:?}: kept at 16 bits"
+            );
+        }
+    }
+}
+
 #[test]
 fn packed_gguf_weights_give_the_f32_expansions_outputs_bit_for_bit() {
     let dir = tempfile::tempdir().unwrap();
@@ -64,15 +134,11 @@ fn packed_gguf_weights_give_the_f32_expansions_outputs_bit_for_bit() {
             std::fs::write(&path, bytes).unwrap();
             let packed = load(&path, WeightPrecision::Auto);
             let f32s = load(&path, WeightPrecision::F32);
-            let (a, b) = (run(&packed), run(&f32s));
-            assert_eq!(a.len(), b.len());
-            for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-                assert_eq!(
-                    x.to_bits(),
-                    y.to_bits(),
-                    "{storage:?} (tied: {tied}), logit {i}: packed {x} vs f32 {y}"
-                );
-            }
+            assert_same_bits(
+                &run(&packed),
+                &run(&f32s),
+                &format!("{storage:?} (tied: {tied})"),
+            );
             // 4-bit cells take 6 bits per weight and 8-bit ones 10, against 32.
             let ratio = packed.weight_bytes() as f64 / f32s.weight_bytes() as f64;
             let most = if storage == GgufStorage::Q8_0 {
@@ -88,8 +154,9 @@ fn packed_gguf_weights_give_the_f32_expansions_outputs_bit_for_bit() {
     }
 }
 
+/// `--weights q8_0` and `--weights bf16` round f32 weights: smaller, close, not equal.
 #[test]
-fn q8_0_quantized_f32_weights_stay_close_to_f32() {
+fn rounded_f32_weights_stay_close_to_f32() {
     let dir = tempfile::tempdir().unwrap();
     let config = config(false);
     let path = dir.path().join("f32.gguf");
@@ -98,21 +165,32 @@ fn q8_0_quantized_f32_weights_stay_close_to_f32() {
         llama_gguf_as(&config, &random_weights(&config, 3), GgufStorage::F32),
     )
     .unwrap();
-    let q8 = load(&path, WeightPrecision::Q8_0);
     let f32s = load(&path, WeightPrecision::F32);
-    assert_eq!(q8.weight_precision(), WeightPrecision::Q8_0);
-    assert!(q8.weight_bytes() * 3 < f32s.weight_bytes());
-    let (a, b) = (run(&q8), run(&f32s));
+    let b = run(&f32s);
     let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let worst = a
-        .iter()
-        .zip(&b)
-        .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-    assert!(worst > 0.0, "q8_0 should not be the f32 weights exactly");
-    assert!(
-        worst < 0.05 * scale,
-        "q8_0 logits differ from f32 by {worst} (logits up to {scale})"
-    );
+    // (precision, at most this share of f32's bytes, at most this error relative to the largest logit)
+    for (precision, share, error) in [
+        (WeightPrecision::Q8_0, 0.34, 0.05),
+        (WeightPrecision::Bf16, 0.55, 0.02),
+    ] {
+        let rounded = load(&path, precision);
+        assert_eq!(rounded.weight_precision(), precision);
+        let bytes = rounded.weight_bytes() as f64 / f32s.weight_bytes() as f64;
+        assert!(bytes < share, "{precision}: {bytes:.2} of f32's bytes");
+        let a = run(&rounded);
+        let worst = a
+            .iter()
+            .zip(&b)
+            .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        assert!(
+            worst > 0.0,
+            "{precision} should not be the f32 weights exactly"
+        );
+        assert!(
+            worst < error * scale,
+            "{precision} logits differ from f32 by {worst} (logits up to {scale})"
+        );
+    }
 }
 
 #[test]

@@ -67,6 +67,7 @@ pub fn load_engine<B: ModelBackend>(
         match m.model.weight_precision() {
             WeightPrecision::Auto => "as stored",
             WeightPrecision::F32 => "f32",
+            WeightPrecision::Bf16 => "bf16",
             WeightPrecision::Q8_0 => "q8_0",
         }
     );

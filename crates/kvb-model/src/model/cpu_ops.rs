@@ -406,7 +406,7 @@ mod tests {
         #[test]
         fn packed_products_equal_the_f32_products_bit_for_bit(
             m in prop_oneof![1usize..9, 30usize..40, 250usize..270], blocks_per_row in 1usize..20, n in 1usize..200,
-            format in 0usize..3, seed in 0u32..1000,
+            format in 0usize..5, seed in 0u32..1000,
         ) {
             use crate::gguf::GgmlType;
             use crate::packed::BlockTensor;
@@ -417,6 +417,17 @@ mod tests {
             let byte = |i: usize| ((i as u32).wrapping_mul(2246822519).wrapping_add(seed) >> 13) as u8;
             let packed = match format {
                 0 => PackedMatrix::quantize_q8_0(&[(&w, n)], k).unwrap(),
+                // 16-bit floats: the f32 weights rounded.
+                3 | 4 => {
+                    let (ggml_type, bits): (GgmlType, fn(f32) -> [u8; 2]) = if format == 3 {
+                        (GgmlType::Bf16, |v| half::bf16::from_f32(v).to_le_bytes())
+                    } else {
+                        (GgmlType::F16, |v| half::f16::from_f32(v).to_le_bytes())
+                    };
+                    let bytes = w.iter().flat_map(|v| bits(*v)).collect();
+                    let t = BlockTensor { ggml_type, rows: n, cols: k, bytes };
+                    PackedMatrix::from_blocks(&[t]).unwrap()
+                }
                 1 => {
                     // 4-bit values: a Q4_1 block per 32 weights of each output row.
                     let mut bytes = Vec::new();

@@ -10,6 +10,8 @@
 //! (`cpu_ops::tests::packed_products_equal_the_f32_products_bit_for_bit`).
 
 use super::few_rows::{in_column_ranges, KC};
+#[cfg(target_arch = "x86_64")]
+use crate::packed::widen_floats;
 use crate::packed::{CellValues, PackedMatrix, GROUP, HEAD_BYTES};
 
 /// At most this many rows take the fused kernel.
@@ -21,7 +23,7 @@ pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix) -> Option<Vec<f32>> {
     #[cfg(target_arch = "x86_64")]
     {
         let fits = (1..=MAX_ROWS).contains(&m) && KC % w.cell_rows() == 0 && x.len() >= m * w.k();
-        if !fits || !kvb_gemm::has_fma() {
+        if !fits || !w.cell_values().vectorised() {
             return None;
         }
         let groups = w.n().div_ceil(GROUP);
@@ -33,7 +35,7 @@ pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix) -> Option<Vec<f32>> {
             w.n(),
             per_task * GROUP,
             |j0, cols, tile| {
-                // SAFETY: AVX2 and FMA are present (checked above); `x` holds m rows of k; the
+                // SAFETY: AVX2, FMA and F16C are present (checked above); `x` holds m rows of k; the
                 // tile holds m rows of `cols` (see `avx2::columns`).
                 unsafe { avx2::columns(x, m, w, j0, cols, tile) }
             },
@@ -53,7 +55,7 @@ mod avx2 {
 
     /// Columns `j0..j0 + cols` (`j0` a multiple of 8) of `y` into `tile` (`[m, cols]`), groups of
     /// columns 4 or 2 at a time (independent accumulator chains), the last ones one at a time.
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn columns(
         x: &[f32],
         m: usize,
@@ -130,13 +132,17 @@ mod avx2 {
         let low = _mm256_set1_epi32(0x0f);
         for c in 0..cells {
             let head: [*const u8; G] = std::array::from_fn(|i| a.cells[i].add(c * cell_bytes));
-            let scale: [__m256; G] =
-                std::array::from_fn(|i| _mm256_loadu_ps(head[i] as *const f32));
-            let offset: [__m256; G] =
-                std::array::from_fn(|i| _mm256_loadu_ps(head[i].add(GROUP * 4) as *const f32));
             let xrow = |r: usize, i: usize| _mm256_broadcast_ss(&*a.x.add(r * a.k + c * rows + i));
+            // Each group's 8 scales and offsets, for integer cells.
+            let scales = || -> ([__m256; G], [__m256; G]) {
+                (
+                    std::array::from_fn(|i| _mm256_loadu_ps(head[i] as *const f32)),
+                    std::array::from_fn(|i| _mm256_loadu_ps(head[i].add(GROUP * 4) as *const f32)),
+                )
+            };
             match a.values {
                 CellValues::Nibbles => {
+                    let (scale, offset) = scales();
                     for p in 0..rows / 2 {
                         let bytes: [__m256i; G] = std::array::from_fn(|i| {
                             _mm256_cvtepu8_epi32(_mm_loadl_epi64(
@@ -147,25 +153,16 @@ mod avx2 {
                             let q = _mm256_cvtepi32_ps(_mm256_and_si256(bytes[i], low));
                             _mm256_fmadd_ps(scale[i], q, offset[i])
                         });
-                        for (r, row) in acc.iter_mut().enumerate() {
-                            let xv = xrow(r, 2 * p);
-                            for (a, w) in row.iter_mut().zip(&lo) {
-                                *a = _mm256_fmadd_ps(xv, *w, *a);
-                            }
-                        }
+                        multiply_into(&mut acc, &lo, |r| xrow(r, 2 * p));
                         let hi: [__m256; G] = std::array::from_fn(|i| {
                             let q = _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes[i], 4));
                             _mm256_fmadd_ps(scale[i], q, offset[i])
                         });
-                        for (r, row) in acc.iter_mut().enumerate() {
-                            let xv = xrow(r, 2 * p + 1);
-                            for (a, w) in row.iter_mut().zip(&hi) {
-                                *a = _mm256_fmadd_ps(xv, *w, *a);
-                            }
-                        }
+                        multiply_into(&mut acc, &hi, |r| xrow(r, 2 * p + 1));
                     }
                 }
                 CellValues::Bytes => {
+                    let (scale, offset) = scales();
                     for p in 0..rows {
                         let wv: [__m256; G] = std::array::from_fn(|i| {
                             let q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(
@@ -173,12 +170,15 @@ mod avx2 {
                             ));
                             _mm256_fmadd_ps(scale[i], _mm256_cvtepi32_ps(q), offset[i])
                         });
-                        for (r, row) in acc.iter_mut().enumerate() {
-                            let xv = xrow(r, p);
-                            for (a, w) in row.iter_mut().zip(&wv) {
-                                *a = _mm256_fmadd_ps(xv, *w, *a);
-                            }
-                        }
+                        multiply_into(&mut acc, &wv, |r| xrow(r, p));
+                    }
+                }
+                CellValues::Bf16 | CellValues::F16 => {
+                    for p in 0..rows {
+                        let wv: [__m256; G] = std::array::from_fn(|i| {
+                            widen_floats(a.values, head[i].add(p * GROUP * 2))
+                        });
+                        multiply_into(&mut acc, &wv, |r| xrow(r, p));
                     }
                 }
             }
@@ -198,6 +198,21 @@ mod avx2 {
                         *v = _mm256_setzero_ps();
                     }
                 }
+            }
+        }
+    }
+
+    /// `acc[r][i] += x(r) * w[i]` for every row and group.
+    #[inline(always)]
+    unsafe fn multiply_into<const R: usize, const G: usize>(
+        acc: &mut [[__m256; G]; R],
+        w: &[__m256; G],
+        x: impl Fn(usize) -> __m256,
+    ) {
+        for (r, row) in acc.iter_mut().enumerate() {
+            let xv = x(r);
+            for (a, w) in row.iter_mut().zip(w) {
+                *a = _mm256_fmadd_ps(xv, *w, *a);
             }
         }
     }

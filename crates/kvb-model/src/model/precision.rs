@@ -4,6 +4,7 @@
 use super::layers::{Embedding, Linear};
 use super::ModelBackend;
 use crate::error::{ModelError, Result};
+use crate::gguf::blocks::is_quantized;
 use crate::packed::{BlockTensor, PackedMatrix};
 use crate::weights::{HostTensor, StoredTensor};
 use std::sync::Arc;
@@ -11,12 +12,16 @@ use std::sync::Arc;
 /// The precision weights are held in (`--weights`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WeightPrecision {
-    /// As stored: a GGUF's quantized tensors (Q4_0 to Q6_K) stay quantized (the same values as their
-    /// f32 expansion, so the same outputs), everything else becomes f32.
+    /// As stored: a GGUF's quantized tensors (Q4_0 to Q6_K) stay quantized and f16/bf16
+    /// projections and embeddings (a GGUF's or a safetensors folder's) stay 16-bit, with the same
+    /// values as their f32 expansion, so the same outputs; f32 weights stay f32.
     #[default]
     Auto,
     /// Every weight expanded to f32.
     F32,
+    /// At most 16 bits per weight: stored quantized and 16-bit tensors stay as they are, f32
+    /// projections and embeddings are rounded to bf16 (lossy).
+    Bf16,
     /// At most 8 bits per weight: stored quantized tensors stay as they are, f32/f16/bf16
     /// projections and embeddings are quantized to 8 bits per weight (lossy).
     Q8_0,
@@ -24,11 +29,11 @@ pub enum WeightPrecision {
 
 impl WeightPrecision {
     /// The names `--weights` accepts.
-    pub const NAMES: [&'static str; 3] = ["auto", "f32", "q8_0"];
+    pub const NAMES: [&'static str; 4] = ["auto", "f32", "bf16", "q8_0"];
 
     /// Whether outputs can differ from the f32 weights' (a cache key must then tell them apart).
     pub fn is_lossy(self) -> bool {
-        self == WeightPrecision::Q8_0
+        matches!(self, WeightPrecision::Q8_0 | WeightPrecision::Bf16)
     }
 }
 
@@ -37,6 +42,7 @@ impl std::fmt::Display for WeightPrecision {
         f.write_str(match self {
             WeightPrecision::Auto => "auto",
             WeightPrecision::F32 => "f32",
+            WeightPrecision::Bf16 => "bf16",
             WeightPrecision::Q8_0 => "q8_0",
         })
     }
@@ -49,6 +55,7 @@ impl std::str::FromStr for WeightPrecision {
         match s.to_ascii_lowercase().as_str() {
             "auto" => Ok(WeightPrecision::Auto),
             "f32" => Ok(WeightPrecision::F32),
+            "bf16" => Ok(WeightPrecision::Bf16),
             "q8_0" | "q8" => Ok(WeightPrecision::Q8_0),
             other => Err(format!(
                 "unknown weight precision `{other}` (expected one of {})",
@@ -68,30 +75,46 @@ fn packed(parts: &[StoredTensor], precision: WeightPrecision) -> Result<Option<P
             StoredTensor::F32(_) => None,
         })
         .collect();
-    let all_blocks = blocks.len() == parts.len();
+    let cols = match parts.first() {
+        Some(StoredTensor::Blocks(b)) => b.cols,
+        Some(StoredTensor::F32(t)) if t.shape.len() == 2 => t.shape[1],
+        // Not a matrix: nothing to pack.
+        _ => return Ok(None),
+    };
+    let floats = blocks.iter().filter(|b| !is_quantized(b.ggml_type)).count();
+    // Packed as stored: every part in blocks, all quantized or all of one 16-bit float type
+    // (in whole cells).
+    let as_stored = blocks.len() == parts.len()
+        && (floats == 0
+            || (blocks.iter().all(|b| b.ggml_type == blocks[0].ggml_type)
+                && cols % crate::packed::CELL_ROWS == 0));
+    // Rounding and quantizing work on whole 32-weight runs.
+    let whole_runs = cols % crate::packed::CELL_ROWS == 0;
+    let as_f32 =
+        || -> Vec<HostTensor> { parts.iter().cloned().map(StoredTensor::into_f32).collect() };
     match precision {
         WeightPrecision::F32 => Ok(None),
-        // Stored blocks stay as they are (at most 8 bits already).
-        WeightPrecision::Auto | WeightPrecision::Q8_0 if all_blocks => {
+        WeightPrecision::Auto | WeightPrecision::Bf16 if as_stored => {
             PackedMatrix::from_blocks(&blocks).map(Some)
         }
-        WeightPrecision::Auto => Ok(None),
-        WeightPrecision::Q8_0 => {
-            let host: Vec<HostTensor> = parts.iter().cloned().map(StoredTensor::into_f32).collect();
-            let cols = match host.first().map(|t| t.shape.as_slice()) {
-                Some(&[_, cols]) => cols,
-                // Not a matrix: nothing to quantize.
-                _ => return Ok(None),
-            };
-            if cols % crate::packed::CELL_ROWS != 0 {
-                // Too narrow to quantize in blocks of 32: stays f32.
-                return Ok(None);
-            }
-            let views: Vec<(&[f32], usize)> =
-                host.iter().map(|t| (&t.data[..], t.shape[0])).collect();
-            PackedMatrix::quantize_q8_0(&views, cols).map(Some)
+        WeightPrecision::Q8_0 if as_stored && floats == 0 => {
+            PackedMatrix::from_blocks(&blocks).map(Some)
         }
+        // f32 parts rounded to bf16; parts stored otherwise (a mix) keep their values in f32.
+        WeightPrecision::Bf16 if blocks.is_empty() && whole_runs => {
+            PackedMatrix::round_to_bf16(&row_views(&as_f32()), cols).map(Some)
+        }
+        WeightPrecision::Q8_0 if whole_runs => {
+            PackedMatrix::quantize_q8_0(&row_views(&as_f32()), cols).map(Some)
+        }
+        // As stored in f32, or too narrow for whole runs of 32: stays f32.
+        _ => Ok(None),
     }
+}
+
+/// Each 2-d part's values and rows.
+fn row_views(host: &[HostTensor]) -> Vec<(&[f32], usize)> {
+    host.iter().map(|t| (&t.data[..], t.shape[0])).collect()
 }
 
 /// A projection from PyTorch-layout parts `[out, in]` stacked along `out`.

@@ -1,8 +1,23 @@
-//! Expanding one group's cells to f32 rows: with AVX2 and FMA where the CPU has them (detected
-//! at run time), a portable loop elsewhere. Both compute `scale * q + offset` with the product
-//! exact, so they agree bit for bit (see the parent module).
+//! Expanding one group's cells to f32 rows: with AVX2 and FMA (F16C for f16) where the CPU has
+//! them (detected at run time), a portable loop elsewhere. Both compute `scale * q + offset`
+//! with the product exact, or widen a 16-bit float (exact), so they agree bit for bit (see the
+//! parent module).
 
-use super::{CellValues, GROUP, HEAD_BYTES};
+use super::{CellValues, GROUP};
+
+/// Row `r`, lane `lane` of `cell` as f32.
+pub(super) fn value(values: CellValues, cell: &[u8], r: usize, lane: usize) -> f32 {
+    let f = |o: usize| f32::from_le_bytes([cell[o], cell[o + 1], cell[o + 2], cell[o + 3]]);
+    let v = &cell[values.head_bytes()..];
+    let half = || [v[(r * GROUP + lane) * 2], v[(r * GROUP + lane) * 2 + 1]];
+    let q = match values {
+        CellValues::Nibbles => ((v[r / 2 * GROUP + lane] >> (4 * (r % 2))) & 0x0f) as f32,
+        CellValues::Bytes => v[r * GROUP + lane] as i8 as f32,
+        CellValues::Bf16 => return half::bf16::from_le_bytes(half()).to_f32(),
+        CellValues::F16 => return half::f16::from_le_bytes(half()).to_f32(),
+    };
+    q * f(lane * 4) + f(GROUP * 4 + lane * 4)
+}
 
 /// Writes the 8 columns of `cells` (consecutive cells of `cell_rows` rows, of one group) into
 /// `out`: reduction row `i` of the run at `out[i * stride..i * stride + 8]`.
@@ -20,8 +35,8 @@ pub(super) fn group(
         "dequant::group: output too short"
     );
     #[cfg(target_arch = "x86_64")]
-    if kvb_gemm::has_fma() {
-        // SAFETY: the CPU has AVX2 and FMA (checked above); every cell is `cell_bytes` long
+    if values.vectorised() {
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked above); every cell is `cell_bytes` long
         // (chunks_exact) and `out` holds `rows` rows of `stride` with 8 lanes each (asserted).
         unsafe {
             for (c, cell) in cells.chunks_exact(cell_bytes).enumerate() {
@@ -43,31 +58,36 @@ pub(super) fn group(
 }
 
 fn portable(values: CellValues, rows: usize, cell: &[u8], out: &mut [f32], stride: usize) {
-    let f = |o: usize| f32::from_le_bytes([cell[o], cell[o + 1], cell[o + 2], cell[o + 3]]);
-    let scale: [f32; GROUP] = std::array::from_fn(|l| f(l * 4));
-    let offset: [f32; GROUP] = std::array::from_fn(|l| f(GROUP * 4 + l * 4));
-    let v = &cell[HEAD_BYTES..];
     for r in 0..rows {
         let row = &mut out[r * stride..r * stride + GROUP];
         for (l, o) in row.iter_mut().enumerate() {
-            let q = match values {
-                CellValues::Nibbles => ((v[r / 2 * GROUP + l] >> (4 * (r % 2))) & 0x0f) as f32,
-                CellValues::Bytes => v[r * GROUP + l] as i8 as f32,
-            };
-            *o = q * scale[l] + offset[l];
+            *o = value(values, cell, r, l);
         }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use super::{CellValues, GROUP, HEAD_BYTES};
+pub(crate) mod avx2 {
+    use super::{CellValues, GROUP};
     use std::arch::x86_64::*;
+
+    /// The 8 16-bit floats (of `values`: bf16 or f16) at `p` widened to f32, exactly. Inlined
+    /// into callers compiled with AVX2 and F16C.
+    #[inline(always)]
+    pub(crate) unsafe fn widen_floats(values: CellValues, p: *const u8) -> __m256 {
+        let raw = _mm_loadu_si128(p as *const __m128i);
+        match values {
+            CellValues::F16 => _mm256_cvtph_ps(raw),
+            // bf16 is the top half of an f32.
+            _ => _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16)),
+        }
+    }
 
     /// One cell's rows of 8 values to `out` (row r at `out + r * stride`): one 8-byte load,
     /// a widening, a conversion and a fused multiply-add per 8 values (the product is exact,
-    /// so fusing rounds as the unfused expansion does).
-    #[target_feature(enable = "avx2,fma")]
+    /// so fusing rounds as the unfused expansion does); for 16-bit floats a 16-byte load and a
+    /// widening.
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn cell(
         values: CellValues,
         rows: usize,
@@ -76,9 +96,16 @@ mod avx2 {
         stride: usize,
     ) {
         let p = cell.as_ptr();
+        let v = p.add(values.head_bytes());
+        if let CellValues::Bf16 | CellValues::F16 = values {
+            for r in 0..rows {
+                let w = widen_floats(values, v.add(r * GROUP * 2));
+                _mm256_storeu_ps(out.add(r * stride), w);
+            }
+            return;
+        }
         let scale = _mm256_loadu_ps(p as *const f32);
         let offset = _mm256_loadu_ps(p.add(GROUP * 4) as *const f32);
-        let v = p.add(HEAD_BYTES);
         match values {
             CellValues::Nibbles => {
                 let low = _mm256_set1_epi32(0x0f);
@@ -102,6 +129,7 @@ mod avx2 {
                     );
                 }
             }
+            CellValues::Bf16 | CellValues::F16 => unreachable!("16-bit cells returned above"),
         }
     }
 }

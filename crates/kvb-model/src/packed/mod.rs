@@ -1,12 +1,14 @@
 //! Weights kept in their stored precision: a `[k, n]` projection of 4- or 8-bit integers with
-//! a scale and an offset per 32 weights, laid out for products that dequantize as they go.
+//! a scale and an offset per 32 weights, or of 16-bit floats (f16, bf16), laid out for products
+//! that dequantize as they go.
 //!
 //! A decode step or a warm request multiplies a few rows by every weight of the model, so its
 //! cost is the bytes of weights streamed: f32 weights stream 32 bits per weight, a GGUF's Q4_1
 //! 5. [`PackedMatrix`] keeps a GGUF's Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K blocks at 6 (4-bit
 //! values) or 10 (5- to 8-bit values) bits per weight, 8 or 12 for Q6_K's 16-weight sub-blocks
-//! (the scale and offset widened to f32), and can quantize f32 weights to 8 bits
-//! ([`PackedMatrix::quantize_q8_0`]).
+//! (the scale and offset widened to f32), keeps f16 and bf16 tensors (a GGUF's or a safetensors
+//! folder's) at 16 bits, and can round f32 weights to 8 bits ([`PackedMatrix::quantize_q8_0`]) or
+//! to bf16 ([`PackedMatrix::round_to_bf16`]).
 //!
 //! **The same values as the f32 path.** Every stored weight is `q * scale + offset` with the
 //! product exact ([`crate::gguf::blocks`]), so dequantizing with a fused multiply-add or with a
@@ -15,14 +17,20 @@
 //! (`tests::dequantized_values_equal_the_gguf_expansion`, and the model-level test in
 //! `tests/packed_weights.rs`): the precision saves memory and bandwidth, never changes an output.
 //!
+//! A 16-bit float widens to f32 exactly, so the same holds for f16 and bf16 cells.
+//!
 //! Layout: output columns in groups of 8 (the last padded), each group's reduction in cells of
-//! 32 rows (16 where a part has 16-weight sub-blocks). A cell holds the 8 columns' scales (f32),
-//! their offsets (f32) and the rows x 8 values,
+//! 32 rows (16 where a part has 16-weight sub-blocks). A cell of integers holds the 8 columns'
+//! scales (f32), their offsets (f32) and the rows x 8 values,
 //! 8 bytes per row of the cell so one 8-byte load feeds one 8-lane vector: for 4-bit values a
 //! byte holds rows `2r` (low nibble) and `2r + 1` (high nibble); for 8-bit values a signed byte
-//! holds one row. A group's cells are consecutive, so a product reads each group as one stream.
+//! holds one row. A cell of 16-bit floats holds only its rows x 8 values (16 bytes per row).
+//! A group's cells are consecutive, so a product reads each group as one stream.
 
 mod dequant;
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) use dequant::avx2::widen_floats;
 
 use crate::error::{ModelError, Result};
 use crate::gguf::blocks::{self, Coded};
@@ -33,7 +41,7 @@ use std::borrow::Borrow;
 pub const CELL_ROWS: usize = 32;
 /// Output columns per group (one 8-lane f32 vector).
 pub const GROUP: usize = 8;
-/// Bytes of a cell's scales and offsets.
+/// Bytes of an integer cell's scales and offsets.
 pub const HEAD_BYTES: usize = 2 * GROUP * 4;
 
 /// How a cell stores its values.
@@ -43,25 +51,64 @@ pub enum CellValues {
     Nibbles,
     /// Signed 8-bit values.
     Bytes,
+    /// bf16 values (the top half of an f32), no scale.
+    Bf16,
+    /// IEEE half-precision values, no scale.
+    F16,
 }
 
 impl CellValues {
+    /// The 16-bit float cells that keep tensors of `t`, if `t` is a 16-bit float type.
+    fn of_float(t: GgmlType) -> Option<CellValues> {
+        match t {
+            GgmlType::Bf16 => Some(CellValues::Bf16),
+            GgmlType::F16 => Some(CellValues::F16),
+            _ => None,
+        }
+    }
+
+    /// Bytes before a cell's values: the scales and offsets of integer cells.
+    pub fn head_bytes(self) -> usize {
+        match self {
+            CellValues::Nibbles | CellValues::Bytes => HEAD_BYTES,
+            CellValues::Bf16 | CellValues::F16 => 0,
+        }
+    }
+
     /// Bytes of the values of a cell of `rows` rows.
     pub fn value_bytes(self, rows: usize) -> usize {
         match self {
             CellValues::Nibbles => rows * GROUP / 2,
             CellValues::Bytes => rows * GROUP,
+            CellValues::Bf16 | CellValues::F16 => rows * GROUP * 2,
         }
     }
 
-    /// Bytes of a cell of `rows` rows: scales, offsets, values.
+    /// Bytes of a cell of `rows` rows: scales and offsets where it has them, values.
     pub fn cell_bytes(self, rows: usize) -> usize {
-        HEAD_BYTES + self.value_bytes(rows)
+        self.head_bytes() + self.value_bytes(rows)
+    }
+
+    /// Whether the vector kernels (AVX2 and FMA, and F16C for f16 cells) run on this CPU; where
+    /// they do not, the portable loops compute the same values.
+    pub fn vectorised(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            static F16C: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+            kvb_gemm::has_fma()
+                && (self != CellValues::F16
+                    || *F16C.get_or_init(|| std::arch::is_x86_feature_detected!("f16c")))
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
     }
 }
 
-/// A GGUF tensor as stored: `rows` output features of `cols` inputs, each row a run of ggml
-/// blocks of 32 weights (PyTorch's `[out, in]` layout, blockwise).
+/// A tensor as stored: `rows` output features of `cols` inputs, each row a run of ggml blocks
+/// (PyTorch's `[out, in]` layout, blockwise): a GGUF's quantized blocks of 32 or 256 weights, or
+/// 16-bit floats (a block of one) from a GGUF or a safetensors file.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BlockTensor {
     /// The block format.
@@ -75,9 +122,10 @@ pub struct BlockTensor {
 }
 
 impl BlockTensor {
-    /// Whether [`PackedMatrix`] keeps this format as stored (every quantized format kvb reads).
+    /// Whether [`PackedMatrix`] keeps this format as stored (every quantized format kvb reads,
+    /// f16 and bf16).
     pub fn packable(ggml_type: GgmlType) -> bool {
-        blocks::is_quantized(ggml_type)
+        blocks::is_quantized(ggml_type) || CellValues::of_float(ggml_type).is_some()
     }
 
     /// The values as f32, row-major `[rows, cols]`.
@@ -86,7 +134,7 @@ impl BlockTensor {
     }
 }
 
-/// A `[k, n]` projection weight in 4- or 8-bit cells (see the module doc).
+/// A `[k, n]` projection weight in 4-, 8- or 16-bit cells (see the module doc).
 #[derive(Clone)]
 pub struct PackedMatrix {
     values: CellValues,
@@ -130,12 +178,16 @@ fn type_name(t: GgmlType) -> &'static str {
 impl PackedMatrix {
     /// Packs stored tensors stacked along their rows (fused projections: q, k and v one after
     /// the other) into one `[cols, sum of rows]` weight, as stored: 4-bit cells if every part
-    /// holds 4-bit integers, else 8-bit cells; 16-row cells if a part's sub-blocks are 16 long.
+    /// holds 4-bit integers, else 8-bit cells; 16-row cells if a part's sub-blocks are 16 long;
+    /// 16-bit float cells if every part holds the same 16-bit float type.
     pub fn from_blocks<T: Borrow<BlockTensor>>(parts: &[T]) -> Result<Self> {
         let parts: Vec<&BlockTensor> = parts.iter().map(Borrow::borrow).collect();
         let Some(first) = parts.first().copied() else {
             return Err(ModelError::Weights("a projection with no weights".into()));
         };
+        if let Some(values) = CellValues::of_float(first.ggml_type) {
+            return Self::from_floats(values, &parts);
+        }
         let k = first.cols;
         for &p in &parts {
             let (per_block, block_bytes) = p.ggml_type.block();
@@ -186,6 +238,55 @@ impl PackedMatrix {
                 j += 1;
             }
         }
+        Ok(out)
+    }
+
+    /// 16-bit float parts, every one of the type `values` keeps, with whole cells of 32 rows.
+    fn from_floats(values: CellValues, parts: &[&BlockTensor]) -> Result<Self> {
+        let (first, k) = (parts[0].ggml_type, parts[0].cols);
+        for p in parts {
+            if p.ggml_type != first
+                || p.cols != k
+                || k % CELL_ROWS != 0
+                || p.bytes.len() != p.rows * k * 2
+            {
+                return Err(ModelError::Weights(format!(
+                    "cannot keep a {} tensor of [{}, {}] packed with {} parts (parts must share \
+                     their type and their input width, a multiple of {CELL_ROWS})",
+                    type_name(p.ggml_type),
+                    p.rows,
+                    p.cols,
+                    type_name(first)
+                )));
+            }
+        }
+        let n: usize = parts.iter().map(|p| p.rows).sum();
+        let mut out = PackedMatrix::zeroed(values, CELL_ROWS, k, n, type_name(first));
+        let rows = parts.iter().flat_map(|p| p.bytes.chunks_exact(k * 2));
+        for (j, row) in rows.enumerate() {
+            out.put_float_column(j, row);
+        }
+        Ok(out)
+    }
+
+    /// Rounds f32 weights (stacked along rows like [`PackedMatrix::quantize_q8_0`]) to bf16,
+    /// to nearest, ties to even. Lossy (8 bits of mantissa), unlike packing stored bf16.
+    pub fn round_to_bf16(parts: &[(&[f32], usize)], cols: usize) -> Result<Self> {
+        let tensors: Vec<BlockTensor> = parts
+            .iter()
+            .map(|(data, rows)| BlockTensor {
+                ggml_type: GgmlType::Bf16,
+                rows: *rows,
+                cols,
+                bytes: data
+                    .iter()
+                    .take(rows * cols)
+                    .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+                    .collect(),
+            })
+            .collect();
+        let mut out = Self::from_blocks(&tensors)?;
+        out.source = "bf16 (from f32)";
         Ok(out)
     }
 
@@ -250,6 +351,19 @@ impl PackedMatrix {
         (g * (self.k / self.cell_rows) + c) * self.cell_bytes()
     }
 
+    /// Stores column `j`'s `k` 16-bit floats (`row`: their little-endian bytes).
+    fn put_float_column(&mut self, j: usize, row: &[u8]) {
+        let (g, lane, rows) = (j / GROUP, j % GROUP, self.cell_rows);
+        for (c, run) in row.chunks_exact(rows * 2).enumerate() {
+            let at = self.cell_at(g, c);
+            let cell = &mut self.data[at..at + self.values.cell_bytes(rows)];
+            for (r, value) in run.chunks_exact(2).enumerate() {
+                let o = (r * GROUP + lane) * 2;
+                cell[o..o + 2].copy_from_slice(value);
+            }
+        }
+    }
+
     /// Stores column `j`'s `k` weights (each cell's run shares one scale and offset).
     fn put_column(&mut self, j: usize, coded: &[Coded]) {
         let (g, lane, rows) = (j / GROUP, j % GROUP, self.cell_rows);
@@ -271,6 +385,9 @@ impl PackedMatrix {
                         values[r / 2 * GROUP + lane] |= ((w.q as u8) & 0x0f) << (4 * (r % 2))
                     }
                     CellValues::Bytes => values[r * GROUP + lane] = w.q as u8,
+                    CellValues::Bf16 | CellValues::F16 => {
+                        unreachable!("16-bit cells are filled by put_float_column")
+                    }
                 }
             }
         }
@@ -320,18 +437,7 @@ impl PackedMatrix {
         for c in 0..self.k / rows {
             let at = self.cell_at(g, c);
             let cell = &self.data[at..at + self.cell_bytes()];
-            let f = |o: usize| f32::from_le_bytes([cell[o], cell[o + 1], cell[o + 2], cell[o + 3]]);
-            let (scale, offset) = (f(lane * 4), f(GROUP * 4 + lane * 4));
-            let values = &cell[HEAD_BYTES..];
-            for r in 0..rows {
-                let q = match self.values {
-                    CellValues::Nibbles => {
-                        ((values[r / 2 * GROUP + lane] >> (4 * (r % 2))) & 0x0f) as f32
-                    }
-                    CellValues::Bytes => values[r * GROUP + lane] as i8 as f32,
-                };
-                out.push(q * scale + offset);
-            }
+            out.extend((0..rows).map(|r| dequant::value(self.values, cell, r, lane)));
         }
         out
     }

@@ -14,6 +14,23 @@ fn blocks(ggml_type: GgmlType, rows: usize, cols: usize, seed: u64) -> BlockTens
     };
     let (_, block_bytes) = ggml_type.block();
     let mut bytes = Vec::new();
+    if CellValues::of_float(ggml_type).is_some() {
+        // Any finite 16-bit float: an all-ones exponent (infinity, NaN) loses its top bit.
+        for _ in 0..rows * cols {
+            let bits = next() as u16;
+            let finite = match ggml_type {
+                GgmlType::F16 => half::f16::from_bits(bits).is_finite(),
+                _ => half::bf16::from_bits(bits).is_finite(),
+            };
+            bytes.extend((if finite { bits } else { bits & !0x4000 }).to_le_bytes());
+        }
+        return BlockTensor {
+            ggml_type,
+            rows,
+            cols,
+            bytes,
+        };
+    }
     for _ in 0..rows * cols / CELL_ROWS {
         let scale = (next() % 2000) as f32 / 1000.0 - 1.0;
         let start = bytes.len();
@@ -41,8 +58,44 @@ fn any_type() -> impl Strategy<Value = GgmlType> {
     ]
 }
 
+fn any_float_type() -> impl Strategy<Value = GgmlType> {
+    prop_oneof![Just(GgmlType::Bf16), Just(GgmlType::F16)]
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
+    /// 16-bit floats widen exactly: the dense expansion and every column of a stack of f16 or
+    /// bf16 tensors are their values, bit for bit.
+    #[test]
+    fn sixteen_bit_floats_widen_exactly(
+        t in any_float_type(),
+        rows in proptest::collection::vec(1usize..21, 1..4),
+        blocks_per_row in 1usize..5,
+        seed in 0u64..1000,
+    ) {
+        let cols = blocks_per_row * CELL_ROWS;
+        let tensors: Vec<BlockTensor> =
+            rows.iter().enumerate().map(|(i, &r)| blocks(t, r, cols, seed + i as u64)).collect();
+        let packed = PackedMatrix::from_blocks(&tensors).unwrap();
+        let n: usize = rows.iter().sum();
+        prop_assert_eq!(packed.cell_values(), CellValues::of_float(t).unwrap());
+        prop_assert_eq!(packed.bytes(), n.div_ceil(GROUP) * GROUP * cols * 2);
+        let dense = packed.to_dense();
+        let mut j = 0;
+        for tensor in &tensors {
+            let want = tensor.to_f32();
+            for r in 0..tensor.rows {
+                for i in 0..cols {
+                    prop_assert_eq!(dense[i * n + j].to_bits(), want[r * cols + i].to_bits());
+                }
+                let column: Vec<u32> = packed.column(j).iter().map(|v| v.to_bits()).collect();
+                let expected: Vec<u32> = want[r * cols..(r + 1) * cols].iter().map(|v| v.to_bits()).collect();
+                prop_assert_eq!(column, expected);
+                j += 1;
+            }
+        }
+    }
+
     /// Packing keeps every value: the dense expansion of a packed stack of tensors is the
     /// transpose of each part's GGUF expansion, one after the other (equal as numbers; a Q4_0
     /// zero may change sign, which no sum starting from +0 can see), and so is each column.
@@ -79,7 +132,7 @@ proptest! {
     /// whole expansion.
     #[test]
     fn a_window_equals_the_same_part_of_the_whole(
-        t in any_type(), rows in 1usize..40, blocks_per_row in 1usize..4,
+        t in prop_oneof![any_type(), any_float_type()], rows in 1usize..40, blocks_per_row in 1usize..4,
         g0 in 0usize..5, width in 1usize..30, c0 in 0usize..3, extra in 0usize..9, seed in 0u64..100,
     ) {
         let cols = blocks_per_row * CELL_ROWS;
@@ -127,7 +180,19 @@ fn unpackable_tensors_are_errors_naming_the_problem() {
     assert!(err.contains("q4_1"), "{err}");
     let a = blocks(GgmlType::Q8_0, 2, 64, 1);
     let b = blocks(GgmlType::Q8_0, 2, 32, 1);
-    assert!(PackedMatrix::from_blocks(&[a, b]).is_err());
+    assert!(PackedMatrix::from_blocks(&[a.clone(), b]).is_err());
     assert!(PackedMatrix::from_blocks::<BlockTensor>(&[]).is_err());
     assert!(PackedMatrix::quantize_q8_0(&[(&[0.0; 20], 1)], 20).is_err());
+    // 16-bit parts: one float type, whole cells of 32, never mixed with integers.
+    let bf16 = blocks(GgmlType::Bf16, 2, 64, 1);
+    let f16 = blocks(GgmlType::F16, 2, 64, 1);
+    let err = PackedMatrix::from_blocks(&[bf16.clone(), f16])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("f16") && err.contains("bf16"), "{err}");
+    assert!(PackedMatrix::from_blocks(&[bf16.clone(), a]).is_err());
+    assert!(PackedMatrix::from_blocks(&[blocks(GgmlType::Bf16, 2, 48, 1)]).is_err());
+    let mut short = bf16;
+    short.bytes.pop();
+    assert!(PackedMatrix::from_blocks(&[short]).is_err());
 }

@@ -1,7 +1,9 @@
 //! Weights from `*.safetensors`: one file, or shards listed in `model.safetensors.index.json`.
 
-use super::{HostTensor, TensorSource};
+use super::{HostTensor, StoredTensor, TensorSource};
 use crate::error::{ModelError, Result};
+use crate::gguf::GgmlType;
+use crate::packed::BlockTensor;
 use half::{bf16, f16};
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
@@ -97,6 +99,51 @@ impl TensorSource for SafetensorsDir {
     }
 
     fn read(&self, name: &str) -> Result<HostTensor> {
+        let (dtype, shape, bytes) = self.tensor_bytes(name)?;
+        let data = match dtype {
+            Dtype::F32 => bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            Dtype::F16 => bytes
+                .chunks_exact(2)
+                .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            _ => bytes
+                .chunks_exact(2)
+                .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+        };
+        Ok(HostTensor {
+            shape: shape.to_vec(),
+            data,
+        })
+    }
+
+    /// A 2-d f16 or bf16 tensor as stored (the model keeps it at 16 bits), anything else as f32.
+    fn read_stored(&self, name: &str) -> Result<StoredTensor> {
+        let (dtype, shape, bytes) = self.tensor_bytes(name)?;
+        let ggml_type = match dtype {
+            Dtype::F16 => GgmlType::F16,
+            Dtype::BF16 => GgmlType::Bf16,
+            _ => return self.read(name).map(StoredTensor::F32),
+        };
+        let &[rows, cols] = shape else {
+            return self.read(name).map(StoredTensor::F32);
+        };
+        Ok(StoredTensor::Blocks(BlockTensor {
+            ggml_type,
+            rows,
+            cols,
+            bytes: bytes.to_vec(),
+        }))
+    }
+}
+
+impl SafetensorsDir {
+    /// The dtype, shape and bytes of `name`, checked to be a dtype kvb reads with as many bytes
+    /// as its shape needs.
+    fn tensor_bytes(&self, name: &str) -> Result<(Dtype, &[usize], &[u8])> {
         let (file, dtype, shape, range) = self
             .index
             .get(name)
@@ -124,23 +171,6 @@ impl TensorSource for SafetensorsDir {
                 bytes.len()
             )));
         }
-        let data = match dtype {
-            Dtype::F32 => bytes
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-            Dtype::F16 => bytes
-                .chunks_exact(2)
-                .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-            _ => bytes
-                .chunks_exact(2)
-                .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-        };
-        Ok(HostTensor {
-            shape: shape.clone(),
-            data,
-        })
+        Ok((*dtype, shape, bytes))
     }
 }

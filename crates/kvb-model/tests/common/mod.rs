@@ -97,24 +97,33 @@ pub fn random_model_dir(config_json: &str, seed: u64) -> tempfile::TempDir {
 
 /// Writes f32 tensors to a safetensors file.
 pub fn write_safetensors(path: &Path, tensors: &[(String, Vec<usize>, Vec<f32>)]) {
+    write_safetensors_as(path, tensors, Dtype::F32)
+}
+
+/// `data` in `dtype` (F32, F16 or BF16, rounded to nearest), little-endian.
+pub fn half_bytes(dtype: Dtype, data: &[f32]) -> Vec<u8> {
+    match dtype {
+        Dtype::F16 => data
+            .iter()
+            .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+            .collect(),
+        Dtype::BF16 => data
+            .iter()
+            .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+            .collect(),
+        _ => data.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    }
+}
+
+/// Writes tensors to a safetensors file in `dtype` (as HF checkpoints in bf16 or f16 are).
+pub fn write_safetensors_as(path: &Path, tensors: &[(String, Vec<usize>, Vec<f32>)], dtype: Dtype) {
     let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
         .iter()
-        .map(|(n, s, d)| {
-            (
-                n.clone(),
-                s.clone(),
-                d.iter().flat_map(|v| v.to_le_bytes()).collect(),
-            )
-        })
+        .map(|(n, s, d)| (n.clone(), s.clone(), half_bytes(dtype, d)))
         .collect();
     let views: Vec<(String, TensorView)> = bytes
         .iter()
-        .map(|(n, s, b)| {
-            (
-                n.clone(),
-                TensorView::new(Dtype::F32, s.clone(), b).unwrap(),
-            )
-        })
+        .map(|(n, s, b)| (n.clone(), TensorView::new(dtype, s.clone(), b).unwrap()))
         .collect();
     safetensors::serialize_to_file(views, None, path).unwrap();
 }
@@ -169,6 +178,9 @@ pub fn gguf_bytes(meta: &[Meta], tensors: &[(String, Vec<usize>, Vec<f32>)]) -> 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum GgufStorage {
     F32,
+    /// 2-d tensors in 16-bit floats (rounded to nearest), 1-d ones in f32.
+    F16,
+    Bf16,
     Q4_0,
     Q4_1,
     Q8_0,
@@ -188,9 +200,21 @@ impl GgufStorage {
             GgufStorage::RandomQ6K => Some((14, 210, vec![208])),
             _ => None,
         };
+        let float16 = match self {
+            GgufStorage::F16 => Some((1, half_bytes(Dtype::F16, data))),
+            GgufStorage::Bf16 => Some((30, half_bytes(Dtype::BF16, data))),
+            _ => None,
+        };
+        if let (Some(stored), 2) = (float16, shape.len()) {
+            return stored;
+        }
         let block = if random_k.is_some() { 256 } else { 32 };
         let blockwise = shape.len() == 2 && shape[1] % block == 0;
-        if self == GgufStorage::F32 || !blockwise {
+        if matches!(
+            self,
+            GgufStorage::F32 | GgufStorage::F16 | GgufStorage::Bf16
+        ) || !blockwise
+        {
             return (0, data.iter().flat_map(|v| v.to_le_bytes()).collect());
         }
         if let Some((id, size, f16_at)) = random_k {

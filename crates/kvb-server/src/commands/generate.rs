@@ -65,9 +65,10 @@ pub struct ModelArgs {
     /// Try unknown architectures as Llama-layout models.
     #[arg(long)]
     pub no_strict: bool,
-    /// Precision of the weights in memory: auto (as stored: a GGUF's quantized tensors stay
-    /// quantized, with the outputs of their f32 expansion), f32, or q8_0 (quantizes f32/16-bit
-    /// weights to 8 bits; lossy).
+    /// Precision of the weights in memory: auto (as stored: a GGUF's quantized tensors and
+    /// f16/bf16 tensors stay as they are, with the outputs of their f32 expansion), f32, bf16
+    /// (rounds f32 weights to bf16; lossy) or q8_0 (quantizes f32/16-bit weights to 8 bits;
+    /// lossy).
     #[arg(long, default_value_t = WeightPrecision::Auto)]
     pub weights: WeightPrecision,
 }

@@ -1,0 +1,147 @@
+//! GGUF files as llama.cpp writes them: a tiny random Llama quantized by llama.cpp's own
+//! quantizer to Q4_0, Q4_1, Q8_0, Q4_K_M, Q5_K_M, Q6_K and F16 (mixes of block types within a
+//! file and within a fused projection, as `llama-quantize` makes them), each with llama.cpp's
+//! logits for the same tokens and the logits of the same weights computed exactly (in f64, by a
+//! plain forward in `fixtures/llama-cpp/make.py`, on the values llama.cpp's `gguf` package
+//! expands).
+//!
+//! kvb, with the weights kept as stored, computes the exact logits to f32 rounding. llama.cpp
+//! does not quite: its CPU products round the activations to 8 bits (to f16 for f16 weights)
+//! before each dot product. So kvb must be no further from llama.cpp than llama.cpp is from the
+//! exact logits, and every position's top token must agree with llama.cpp's unless its own top
+//! two are closer than that rounding.
+
+mod common;
+
+use common::{fixtures, read_f32, B};
+use kvb_model::gguf::GgufModel;
+use kvb_model::{LogitsFor, Model, WeightPrecision};
+
+/// Largest difference from the exact logits, as a share of their standard deviation (f32
+/// sums against f64 ones).
+const EXACT_ERROR: f32 = 3e-5;
+
+struct Fixture {
+    name: String,
+    gguf: std::path::PathBuf,
+    logits: Vec<f32>,
+    exact: Vec<f32>,
+}
+
+fn fixtures_of_llama_cpp() -> (Vec<u32>, usize, Vec<Fixture>) {
+    let dir = fixtures().join("llama-cpp");
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("fixtures.json")).unwrap()).unwrap();
+    let tokens = json["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap() as u32)
+        .collect();
+    let vocab = json["vocab"].as_u64().unwrap() as usize;
+    let files = json["files"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(name, f)| Fixture {
+            name: name.clone(),
+            gguf: dir.join(f["gguf"].as_str().unwrap()),
+            logits: read_f32(&dir.join(f["logits"].as_str().unwrap())),
+            exact: read_f32(&dir.join(f["exact_logits"].as_str().unwrap())),
+        })
+        .collect();
+    (tokens, vocab, files)
+}
+
+fn logits(path: &std::path::Path, tokens: &[u32], precision: WeightPrecision) -> Vec<f32> {
+    let gguf = GgufModel::open(path).unwrap();
+    let config = gguf.config(true).unwrap();
+    let model = Model::<B>::load_with(
+        &config,
+        &gguf,
+        precision,
+        &Default::default(),
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let mut cache = model.new_cache();
+    let positions: Vec<usize> = (0..tokens.len()).collect();
+    model
+        .forward(tokens, &positions, &mut cache, LogitsFor::All)
+        .unwrap()
+        .into_data()
+        .to_vec()
+        .unwrap()
+}
+
+fn argmax(row: &[f32]) -> usize {
+    (0..row.len())
+        .max_by(|&a, &b| row[a].total_cmp(&row[b]))
+        .unwrap()
+}
+
+#[test]
+fn llama_cpp_quantized_files_give_llama_cpps_logits() {
+    let (tokens, vocab, files) = fixtures_of_llama_cpp();
+    assert!(files.len() >= 7, "every file type of make.py");
+    for f in &files {
+        let got = logits(&f.gguf, &tokens, WeightPrecision::Auto);
+        let want = &f.logits;
+        assert_eq!(got.len(), tokens.len() * vocab, "{}", f.name);
+        assert_eq!(want.len(), got.len(), "{}", f.name);
+        let mean = want.iter().sum::<f32>() / want.len() as f32;
+        let spread =
+            (want.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / want.len() as f32).sqrt();
+        let max_diff =
+            |a: &[f32], b: &[f32]| a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        let from_exact = max_diff(&got, &f.exact);
+        let from_llama_cpp = max_diff(&got, want);
+        let llama_cpp_rounding = max_diff(want, &f.exact);
+        println!(
+            "{}: logits spread {spread:.3}; largest difference from the exact logits: kvb \
+             {from_exact:.2e}, llama.cpp {llama_cpp_rounding:.4}; kvb from llama.cpp \
+             {from_llama_cpp:.4}",
+            f.name
+        );
+        assert!(
+            from_exact <= EXACT_ERROR * spread,
+            "{}: kvb differs from the exact logits by {from_exact} (spread {spread})",
+            f.name
+        );
+        assert!(
+            from_llama_cpp <= llama_cpp_rounding * 1.01 + EXACT_ERROR * spread,
+            "{}: kvb differs from llama.cpp by {from_llama_cpp}, more than llama.cpp's own \
+             rounding ({llama_cpp_rounding})",
+            f.name
+        );
+        let worst = llama_cpp_rounding;
+        for (p, (g, w)) in got.chunks(vocab).zip(want.chunks(vocab)).enumerate() {
+            let (top, theirs) = (argmax(g), argmax(w));
+            if top != theirs {
+                let margin = w[theirs] - w[top];
+                assert!(
+                    margin <= 2.0 * worst,
+                    "{} position {p}: kvb's top token {top}, llama.cpp's {theirs} ahead by {margin}",
+                    f.name
+                );
+            }
+        }
+    }
+}
+
+/// The same files with every weight expanded to f32 give the same bits as kept as stored (the
+/// packed products compute the f32 expansion's sums), so the comparison above holds for both.
+#[test]
+fn llama_cpp_files_kept_as_stored_compute_their_f32_expansion() {
+    let (tokens, _, files) = fixtures_of_llama_cpp();
+    for f in &files {
+        let packed = logits(&f.gguf, &tokens, WeightPrecision::Auto);
+        let expanded = logits(&f.gguf, &tokens, WeightPrecision::F32);
+        let differing = packed
+            .iter()
+            .zip(&expanded)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(differing, 0, "{}: {differing} logits differ", f.name);
+    }
+}
