@@ -30,6 +30,11 @@ commands:
                 plots in bench/results/<date>-server/. Options: --quick, --clients 1,16,64,
                 --turns N, --max-tokens N, --time-limit S, --model PATH, --out DIR
   bench model   prefill/decode speed of the default model vs the machine's matmul rate
+  bench peers   kvb beside PyTorch (f32, bf16) and llama.cpp (with and without its prompt cache)
+                on the same weights and threads: full prefill of ~512 and ~3,000 tokens, decode,
+                warm questions; ratios from one run, in bench/results/<date>-peers/. Optional,
+                never in CI: pip-installs its peers into $KVB_PEERS_DIR (~/.cache/kvb/peers).
+                Options: --reps N (3), --threads N (all cores), --peers a,b, --out DIR
   bench cache   key hashing, KIVI quantize/dequantize, store lookups (100k chunks), disk tier";
 
 fn main() -> Result<()> {
@@ -188,6 +193,7 @@ fn bench(args: &[String]) -> Result<()> {
         // ~2 s of samples each are stable enough to compare, and the whole run stays near 2 min.
         Some("concurrency") => bench::run_concurrency_only(&args[1..], &kvb_binary()?),
         Some("server") => bench::server::run(&args[1..], &kvb_binary()?),
+        Some("peers") => bench::peers::run(&args[1..], &kvb_binary()?),
         Some("cache") => run(cargo().args([
             "bench",
             "-p",

@@ -1,0 +1,480 @@
+//! `cargo xtask bench peers`: kvb beside PyTorch/transformers (f32 and bf16) and llama.cpp
+//! (llama-cpp-python, without and with its prompt cache), in one run, on the same weights (the
+//! default model's Q4_1 GGUF for kvb and llama.cpp, its f32 conversion for transformers), the
+//! same threads, greedy, plain-text prompts. Optional and never in CI: it pip-installs its peers
+//! into a virtual environment of its own (`$KVB_PEERS_DIR`, else `~/.cache/kvb/peers`).
+//!
+//! Every figure is a median over repetitions, each a fresh process (kvb) or a fresh model
+//! (peers), and every comparison is a ratio of two figures of this one run: machines differ,
+//! ratios travel.
+
+use super::results::median;
+use super::workloads::cut;
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The peers, as `peers.py` names them.
+const PEERS: [&str; 4] = [
+    "pytorch-f32",
+    "pytorch-bf16",
+    "llama.cpp",
+    "llama.cpp+cache",
+];
+/// What the environment must import, and the packages that provide it.
+const PEER_PACKAGES: [&str; 4] = ["torch", "transformers", "numpy", "llama-cpp-python==0.3.36"];
+
+struct Options {
+    reps: usize,
+    threads: usize,
+    out: Option<PathBuf>,
+    peers: Vec<String>,
+}
+
+fn parse(args: &[String]) -> Result<Options> {
+    let mut o = Options {
+        reps: 3,
+        threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+        out: None,
+        peers: PEERS.iter().map(|p| p.to_string()).collect(),
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = || it.next().with_context(|| format!("{a} needs a value"));
+        match a.as_str() {
+            "--reps" => o.reps = value()?.parse().context("--reps: a count")?,
+            "--threads" => o.threads = value()?.parse().context("--threads: a count")?,
+            "--out" => o.out = Some(PathBuf::from(value()?)),
+            "--peers" => {
+                o.peers = value()?.split(',').map(|p| p.trim().to_string()).collect();
+                if let Some(p) = o.peers.iter().find(|p| !PEERS.contains(&p.as_str())) {
+                    bail!("--peers: unknown peer `{p}` (known: {})", PEERS.join(", "));
+                }
+            }
+            other => bail!("bench peers: unknown option `{other}`"),
+        }
+    }
+    if o.reps == 0 || o.threads == 0 {
+        bail!("--reps and --threads must be at least 1");
+    }
+    Ok(o)
+}
+
+/// A workload: requests run in order in one process; the last one is timed.
+struct Workload {
+    name: &'static str,
+    title: &'static str,
+    /// Whether its last request follows requests sharing its context (a prompt cache's case).
+    warm: bool,
+    /// (prompt, tokens to generate).
+    requests: Vec<(String, usize)>,
+}
+
+fn workloads(corpus: &Path) -> Result<Vec<Workload>> {
+    let read = |name: &str| {
+        std::fs::read_to_string(corpus.join(name))
+            .with_context(|| format!("reading {}", corpus.join(name).display()))
+    };
+    let doc = read("long_document.md")?;
+    let code = read("code_sample.rs")?;
+    let question = |context: &str, q: &str| format!("{context}\n\nQuestion: {q}\nAnswer:");
+    Ok(vec![
+        Workload {
+            name: "prefill-500",
+            title: "full prefill of a document's start, then 32 tokens",
+            warm: false,
+            requests: vec![(cut(&doc, 0.28), 32)],
+        },
+        Workload {
+            name: "prefill-2700",
+            title: "full prefill of the whole document, then 32 tokens",
+            warm: false,
+            requests: vec![(doc.trim().to_string(), 32)],
+        },
+        Workload {
+            name: "warm-code",
+            title: "a second question on a code file",
+            warm: true,
+            requests: vec![
+                (question(&code, "What does this code do?"), 16),
+                (
+                    question(&code, "Which function should a caller use first?"),
+                    16,
+                ),
+            ],
+        },
+        Workload {
+            name: "warm-doc",
+            title: "a second question on the whole document",
+            warm: true,
+            requests: vec![
+                (question(&doc, "What is this document about?"), 16),
+                (question(&doc, "Who is it written for?"), 16),
+            ],
+        },
+    ])
+}
+
+/// One timed request.
+struct Run {
+    prompt_tokens: usize,
+    ttft_ms: f64,
+    /// Tokens/s after the first token.
+    decode: Option<f64>,
+    /// The greedy tokens generated.
+    tokens: Vec<u64>,
+}
+
+impl Run {
+    fn from_json(v: &Value, ids: &str) -> Result<Run> {
+        Ok(Run {
+            prompt_tokens: v["prompt_tokens"].as_u64().context("prompt_tokens")? as usize,
+            ttft_ms: v["ttft_ms"].as_f64().context("ttft_ms")?,
+            decode: v[if ids == "token_ids" {
+                "tokens_per_sec"
+            } else {
+                "decode_tokens_per_sec"
+            }]
+            .as_f64(),
+            tokens: v[ids]
+                .as_array()
+                .map(|a| a.iter().filter_map(Value::as_u64).collect())
+                .unwrap_or_default(),
+        })
+    }
+}
+
+/// Medians of a peer's runs per workload, and its peak resident memory.
+struct Measured {
+    runs: BTreeMap<String, Vec<Run>>,
+    peak_rss_bytes: Vec<f64>,
+    /// For kvb: the K/V pool bytes of the longest workload's request.
+    kv_bytes: Option<f64>,
+}
+
+impl Measured {
+    fn ttft(&self, w: &str) -> Option<f64> {
+        let v: Vec<f64> = self.runs.get(w)?.iter().map(|r| r.ttft_ms).collect();
+        (!v.is_empty()).then(|| median(&v))
+    }
+    fn decode(&self, w: &str) -> Option<f64> {
+        let v: Vec<f64> = self.runs.get(w)?.iter().filter_map(|r| r.decode).collect();
+        (!v.is_empty()).then(|| median(&v))
+    }
+    fn prompt_tokens(&self, w: &str) -> Option<usize> {
+        self.runs.get(w)?.first().map(|r| r.prompt_tokens)
+    }
+}
+
+/// The virtual environment with the peers installed (created and filled on first use).
+fn peer_python() -> Result<PathBuf> {
+    let dir = std::env::var_os("KVB_PEERS_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/kvb/peers")))
+        .context("set KVB_PEERS_DIR (no HOME to put the peers' environment under)")?;
+    let python = dir.join("bin/python");
+    let ready = |py: &Path| {
+        Command::new(py)
+            .args(["-c", "import torch, transformers, numpy, llama_cpp"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if python.is_file() && ready(&python) {
+        return Ok(python);
+    }
+    eprintln!(
+        "bench peers: installing {} into {} with pip (once; llama-cpp-python compiles \
+         llama.cpp, ~15 min on 2 cores)",
+        PEER_PACKAGES.join(", "),
+        dir.display()
+    );
+    if !python.is_file() {
+        crate::run(Command::new("python3").arg("-m").arg("venv").arg(&dir))?;
+    }
+    crate::run(
+        Command::new(&python)
+            .args(["-m", "pip", "install", "--quiet"])
+            .args(PEER_PACKAGES),
+    )?;
+    if !ready(&python) {
+        bail!(
+            "the peers' environment at {} still cannot import torch, transformers and llama_cpp",
+            dir.display()
+        );
+    }
+    Ok(python)
+}
+
+/// kvb: one `kvb replay` process per workload and repetition, `threads` threads.
+fn run_kvb(kvb: &Path, gguf: &Path, o: &Options, ws: &[Workload], raw: &Path) -> Result<Measured> {
+    let mut m = Measured {
+        runs: BTreeMap::new(),
+        peak_rss_bytes: Vec::new(),
+        kv_bytes: None,
+    };
+    for w in ws {
+        let requests = raw.join(format!("kvb-{}.jsonl", w.name));
+        let lines: Vec<String> = w
+            .requests
+            .iter()
+            .enumerate()
+            .map(|(i, (prompt, n))| {
+                json!({"id": format!("{}/{i}", w.name), "prompt": prompt,
+                       "max_new_tokens": n, "reset": i == 0})
+                .to_string()
+            })
+            .collect();
+        std::fs::write(&requests, lines.join("\n") + "\n")?;
+        for rep in 0..o.reps {
+            eprintln!(
+                "bench peers: kvb, {}, repetition {}/{}",
+                w.name,
+                rep + 1,
+                o.reps
+            );
+            let out = raw.join(format!("kvb-{}-rep{rep}.out.jsonl", w.name));
+            crate::run(
+                Command::new(kvb)
+                    .env("RAYON_NUM_THREADS", o.threads.to_string())
+                    .args(["replay", "--model"])
+                    .arg(gguf)
+                    .arg("--requests")
+                    .arg(&requests)
+                    .arg("--out")
+                    .arg(&out),
+            )?;
+            let text = std::fs::read_to_string(&out)?;
+            let last: Value = text
+                .lines()
+                .last()
+                .context("kvb replay wrote no result")
+                .and_then(|l| serde_json::from_str(l).context("a kvb replay result line"))?;
+            let run = Run::from_json(&last, "token_ids")
+                .with_context(|| format!("a result in {}", out.display()))?;
+            m.runs.entry(w.name.to_string()).or_default().push(run);
+            m.peak_rss_bytes
+                .push(last["peak_rss_bytes"].as_f64().context("peak_rss_bytes")?);
+            if w.name == "prefill-2700" {
+                let pool = &last["pool"];
+                let blocks = pool["peak_blocks_used"].as_f64().unwrap_or(0.0);
+                m.kv_bytes = Some(blocks * pool["block_bytes"].as_f64().unwrap_or(0.0));
+            }
+        }
+    }
+    Ok(m)
+}
+
+/// A peer: one `peers.py` process running every workload `reps` times.
+fn run_peer(python: &Path, peer: &str, job: &Path, raw: &Path) -> Result<Measured> {
+    let out = raw.join(format!("{peer}.json"));
+    crate::run(
+        Command::new(python)
+            .arg(Path::new("xtask/peers/peers.py"))
+            .arg(job)
+            .arg(peer)
+            .arg(&out),
+    )?;
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&out)?)
+        .with_context(|| format!("parsing {}", out.display()))?;
+    let mut m = Measured {
+        runs: BTreeMap::new(),
+        peak_rss_bytes: v["peak_rss_bytes"].as_f64().into_iter().collect(),
+        kv_bytes: None,
+    };
+    for r in v["runs"].as_array().context("peers.py: runs")? {
+        let w = r["workload"].as_str().context("peers.py: workload")?;
+        let run = Run::from_json(r, "tokens").context("a peers.py record")?;
+        m.runs.entry(w.to_string()).or_default().push(run);
+    }
+    Ok(m)
+}
+
+/// `cargo xtask bench peers`.
+pub fn run(args: &[String], kvb: &Path) -> Result<()> {
+    let o = parse(args)?;
+    let models = std::env::var_os("KVB_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("models"));
+    let gguf = std::path::absolute(models.join("SmolLM2-135M-Instruct.Q4_1.gguf"))?;
+    let hf = std::path::absolute(models.join("SmolLM2-135M-Instruct"))?;
+    if !gguf.is_file() || !hf.join("model.safetensors").is_file() {
+        crate::run(Command::new(kvb).arg("fetch-model"))?;
+    }
+    let python = peer_python()?;
+    let out = o.out.clone().unwrap_or_else(|| {
+        PathBuf::from("bench/results").join(format!("{}-peers", super::today()))
+    });
+    let raw = out.join("raw");
+    std::fs::create_dir_all(&raw).with_context(|| format!("creating {}", raw.display()))?;
+    let ws = workloads(Path::new("bench/corpus"))?;
+    let job = raw.join("job.json");
+    let job_json = json!({
+        "hf_folder": hf, "gguf": gguf, "threads": o.threads, "reps": o.reps, "context": 4096,
+        "workloads": ws.iter().map(|w| json!({
+            "name": w.name, "warm": w.warm,
+            "requests": w.requests.iter().map(|(p, n)| json!({"prompt": p, "max_new_tokens": n})).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+    });
+    std::fs::write(&job, serde_json::to_string_pretty(&job_json)?)?;
+
+    let mut measured: Vec<(String, Measured)> =
+        vec![("kvb".into(), run_kvb(kvb, &gguf, &o, &ws, &raw)?)];
+    for peer in &o.peers {
+        eprintln!("bench peers: {peer} ({} repetitions)", o.reps);
+        measured.push((peer.clone(), run_peer(&python, peer, &job, &raw)?));
+    }
+    let gguf_bytes = std::fs::metadata(&gguf)?.len() as f64;
+    let md = markdown(&o, &ws, &measured, gguf_bytes);
+    std::fs::write(out.join("README.md"), &md)?;
+    println!("{md}");
+    Ok(())
+}
+
+fn ms(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.0} ms"))
+}
+
+/// How many times faster kvb is (above 1: kvb is faster).
+fn ratio(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.2}"))
+}
+
+fn markdown(o: &Options, ws: &[Workload], m: &[(String, Measured)], gguf_bytes: f64) -> String {
+    let kvb = &m[0].1;
+    let peers = &m[1..];
+    let mut s = format!(
+        "# kvb beside its peers\n\n`cargo xtask bench peers`: SmolLM2-135M-Instruct (kvb and \
+         llama.cpp on its Q4_1 GGUF, PyTorch on the same weights in f32), {} threads, greedy, \
+         plain-text prompts, median of {} repetitions. Ratios are kvb's speed over the peer's \
+         (above 1: kvb is faster), each from figures of this one run.\n\n",
+        o.threads, o.reps
+    );
+    s += "## Time to first token\n\n| workload | prompt tokens | kvb |";
+    for (p, _) in peers {
+        let _ = write!(s, " {p} | kvb vs {p} |");
+    }
+    s += "\n|---|---:|---:|";
+    s += &"---:|---:|".repeat(peers.len());
+    s += "\n";
+    for w in ws {
+        let k = kvb.ttft(w.name);
+        let _ = write!(
+            s,
+            "| {} | {} | {} |",
+            w.title,
+            kvb.prompt_tokens(w.name)
+                .map_or("-".into(), |t| t.to_string()),
+            ms(k)
+        );
+        for (_, p) in peers {
+            let t = p.ttft(w.name);
+            let _ = write!(s, " {} | {} |", ms(t), ratio(t.zip(k).map(|(t, k)| t / k)));
+        }
+        s += "\n";
+    }
+    s += "\n## Decode (tokens/s after the first token)\n\n| context | kvb |";
+    for (p, _) in peers {
+        let _ = write!(s, " {p} | kvb vs {p} |");
+    }
+    s += "\n|---|---:|";
+    s += &"---:|---:|".repeat(peers.len());
+    s += "\n";
+    for w in ws.iter().filter(|w| !w.warm) {
+        let k = kvb.decode(w.name);
+        let _ = write!(
+            s,
+            "| {} | {} |",
+            w.title,
+            k.map_or("-".into(), |v| format!("{v:.1}"))
+        );
+        for (_, p) in peers {
+            let d = p.decode(w.name);
+            let _ = write!(
+                s,
+                " {} | {} |",
+                d.map_or("-".into(), |v| format!("{v:.1}")),
+                ratio(k.zip(d).map(|(k, d)| k / d))
+            );
+        }
+        s += "\n";
+    }
+    s += "\n## Greedy tokens identical to kvb's (first repetition, whole answer)\n\n";
+    for (name, p) in peers {
+        let same = ws
+            .iter()
+            .filter(|w| {
+                let first = |m: &Measured| {
+                    m.runs
+                        .get(w.name)
+                        .and_then(|r| r.first())
+                        .map(|r| r.tokens.clone())
+                };
+                first(p).is_some() && first(p) == first(kvb)
+            })
+            .count();
+        let ran = ws.iter().filter(|w| p.runs.contains_key(w.name)).count();
+        let _ = writeln!(s, "- {name}: {same} of {ran} workloads");
+    }
+    s += "\n## Peak resident memory (whole process, largest over its runs)\n\n| | peak |\n|---|---:|\n";
+    for (name, p) in m {
+        let peak = p.peak_rss_bytes.iter().cloned().fold(0.0, f64::max);
+        let _ = writeln!(s, "| {name} | {:.0} MB |", peak / 1e6);
+    }
+    // The issue's targets, each from this run's figures.
+    let peer = |name: &str| peers.iter().find(|(p, _)| p == name).map(|(_, m)| m);
+    let mut targets: Vec<(String, Option<f64>)> = Vec::new();
+    for w in ["prefill-500", "prefill-2700"] {
+        let r = peer("pytorch-f32")
+            .and_then(|p| p.ttft(w))
+            .zip(kvb.ttft(w))
+            .map(|(p, k)| p / k);
+        targets.push((format!("{w}: TTFT at least PyTorch f32's (ratio >= 1)"), r));
+    }
+    for w in ["prefill-500", "prefill-2700"] {
+        let r = peer("llama.cpp")
+            .and_then(|p| p.decode(w))
+            .zip(kvb.decode(w))
+            .map(|(p, k)| k / p);
+        targets.push((
+            format!("decode after {w}: tokens/s at least llama.cpp's (ratio >= 1)"),
+            r,
+        ));
+    }
+    for w in ["warm-code", "warm-doc"] {
+        let r = peer("llama.cpp+cache")
+            .and_then(|p| p.ttft(w))
+            .zip(kvb.ttft(w))
+            .map(|(p, k)| p / k);
+        targets.push((
+            format!("{w}: TTFT at most llama.cpp's with its prompt cache (ratio >= 1)"),
+            r,
+        ));
+    }
+    s += "\n## Targets\n\n";
+    for (what, r) in targets {
+        let verdict = match r {
+            Some(r) if r >= 1.0 => "met",
+            Some(_) => "not met",
+            None => "not measured",
+        };
+        let _ = writeln!(s, "- {what}: {} ({verdict})", ratio(r));
+    }
+    let kvb_peak = kvb.peak_rss_bytes.iter().cloned().fold(0.0, f64::max);
+    if let Some(kv) = kvb.kv_bytes {
+        let limit = gguf_bytes + kv + 150e6;
+        let _ = writeln!(
+            s,
+            "- peak resident memory at most the GGUF ({:.0} MB) + the K/V of the whole \
+             document's request ({:.0} MB) + 150 MB = {:.0} MB: {:.0} MB ({})",
+            gguf_bytes / 1e6,
+            kv / 1e6,
+            limit / 1e6,
+            kvb_peak / 1e6,
+            if kvb_peak <= limit { "met" } else { "not met" }
+        );
+    }
+    s
+}
