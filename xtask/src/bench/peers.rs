@@ -478,3 +478,72 @@ fn markdown(o: &Options, ws: &[Workload], m: &[(String, Measured)], gguf_bytes: 
     }
     s
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn measured(ttft: &[(&str, f64)], decode: f64, peak: f64) -> Measured {
+        Measured {
+            runs: ttft
+                .iter()
+                .map(|&(w, t)| {
+                    let run = Run {
+                        prompt_tokens: 10,
+                        ttft_ms: t,
+                        decode: Some(decode),
+                        tokens: vec![1, 2, 3],
+                    };
+                    (w.to_string(), vec![run])
+                })
+                .collect(),
+            peak_rss_bytes: vec![peak],
+            kv_bytes: Some(100e6),
+        }
+    }
+
+    /// Each target's ratio and verdict come from the right two figures: prefill against PyTorch
+    /// f32's TTFT, decode against llama.cpp's rate, warm TTFT against the prompt cache's.
+    #[test]
+    fn targets_compare_kvb_with_the_right_peer() {
+        let o = parse(&[]).unwrap();
+        let ws = workloads(Path::new("../bench/corpus")).unwrap();
+        let all = [
+            ("prefill-500", 100.0),
+            ("prefill-2700", 400.0),
+            ("warm-code", 50.0),
+            ("warm-doc", 80.0),
+        ];
+        let m = vec![
+            ("kvb".to_string(), measured(&all, 40.0, 300e6)),
+            ("pytorch-f32".to_string(), measured(&all[..2], 10.0, 2e9)),
+            ("llama.cpp".to_string(), measured(&all, 50.0, 3e8)),
+            (
+                "llama.cpp+cache".to_string(),
+                measured(&[("warm-code", 100.0), ("warm-doc", 40.0)], 50.0, 3e8),
+            ),
+        ];
+        let md = markdown(&o, &ws, &m, 100e6);
+        assert!(
+            md.contains("prefill-500: TTFT at least PyTorch f32's (ratio >= 1): 1.00 (met)"),
+            "{md}"
+        );
+        assert!(md.contains("decode after prefill-2700: tokens/s at least llama.cpp's (ratio >= 1): 0.80 (not met)"), "{md}");
+        assert!(md.contains("warm-code: TTFT at most llama.cpp's with its prompt cache (ratio >= 1): 2.00 (met)"), "{md}");
+        assert!(md.contains("warm-doc: TTFT at most llama.cpp's with its prompt cache (ratio >= 1): 0.50 (not met)"), "{md}");
+        // 300 MB against 100 (GGUF) + 100 (K/V) + 150.
+        assert!(md.contains("= 350 MB: 300 MB (met)"), "{md}");
+        assert!(md.contains("- pytorch-f32: 2 of 2 workloads"), "{md}");
+    }
+
+    #[test]
+    fn unknown_peers_and_zero_counts_are_errors() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(parse(&args(&["--peers", "vllm"])).is_err());
+        assert!(parse(&args(&["--reps", "0"])).is_err());
+        assert_eq!(
+            parse(&args(&["--peers", "llama.cpp"])).unwrap().peers,
+            ["llama.cpp"]
+        );
+    }
+}
