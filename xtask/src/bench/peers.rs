@@ -342,6 +342,18 @@ fn ratio(v: Option<f64>) -> String {
     v.map_or("-".into(), |v| format!("{v:.2}"))
 }
 
+/// A table's header: the `leading` columns (the first one left-aligned), then a figure and kvb's
+/// ratio to it per peer.
+fn table_header(leading: &[&str], peers: &[(String, Measured)]) -> String {
+    let mut s = format!("| {} |", leading.join(" | "));
+    for (p, _) in peers {
+        let _ = write!(s, " {p} | kvb vs {p} |");
+    }
+    s += "\n|---|";
+    s += &"---:|".repeat(leading.len() - 1 + 2 * peers.len());
+    s + "\n"
+}
+
 fn markdown(o: &Options, ws: &[Workload], m: &[(String, Measured)], gguf_bytes: f64) -> String {
     let kvb = &m[0].1;
     let peers = &m[1..];
@@ -352,13 +364,8 @@ fn markdown(o: &Options, ws: &[Workload], m: &[(String, Measured)], gguf_bytes: 
          (above 1: kvb is faster), each from figures of this one run.\n\n",
         o.threads, o.reps
     );
-    s += "## Time to first token\n\n| workload | prompt tokens | kvb |";
-    for (p, _) in peers {
-        let _ = write!(s, " {p} | kvb vs {p} |");
-    }
-    s += "\n|---|---:|---:|";
-    s += &"---:|---:|".repeat(peers.len());
-    s += "\n";
+    s += "## Time to first token\n\n";
+    s += &table_header(&["workload", "prompt tokens", "kvb"], peers);
     for w in ws {
         let k = kvb.ttft(w.name);
         let _ = write!(
@@ -375,13 +382,8 @@ fn markdown(o: &Options, ws: &[Workload], m: &[(String, Measured)], gguf_bytes: 
         }
         s += "\n";
     }
-    s += "\n## Decode (tokens/s after the first token)\n\n| context | kvb |";
-    for (p, _) in peers {
-        let _ = write!(s, " {p} | kvb vs {p} |");
-    }
-    s += "\n|---|---:|";
-    s += &"---:|---:|".repeat(peers.len());
-    s += "\n";
+    s += "\n## Decode (tokens/s after the first token)\n\n";
+    s += &table_header(&["context", "kvb"], peers);
     for w in ws.iter().filter(|w| !w.warm) {
         let k = kvb.decode(w.name);
         let _ = write!(
