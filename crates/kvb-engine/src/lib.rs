@@ -21,8 +21,9 @@
 //! 4. sample, stream, stop, per sequence;
 //! 5. its blocks stay resident, indexed by their tokens (repaired ones flagged approximate), until
 //!    the pool needs the room: then least recently used leaves go first, their exact K/V written
-//!    back to the store; its new exact chunks are also written to the chunk store when it ends, so
-//!    a document first read inside a prompt is found by content later.
+//!    back to the store. Its new exact chunks are indexed by content meanwhile, so a document
+//!    first read inside a prompt is found by content later: the first prompt that finds one copies
+//!    that path into the store then. Resident K/V is never held twice.
 //!
 //! Promises (tested in `tests/`):
 //! - exact reuse gives greedy output identical to Baseline, with first-token logits equal within
@@ -32,6 +33,8 @@
 //! - the block manager never leaks a block, never lets a sequence write a block another reads,
 //!   never exceeds its budget, never evicts a block in use (`tests/block_manager.rs`);
 //! - interior reuse with repair stays within stated fidelity bounds;
+//! - a resident sequence's chunks are not copied to the store until eviction, a content hit or a
+//!   flush (`tests/reuse_tiny.rs`);
 //! - bad requests (an empty prompt, one longer than the context, one the pool could never hold,
 //!   a second cancel) are clear errors, and a request's failure never stops the others;
 //! - TTFT runs from the request's arrival to the moment its first token id is known: queueing,
@@ -46,6 +49,7 @@ mod fingerprint;
 mod kv_transfer;
 pub mod plan;
 mod request;
+mod resident_chunks;
 mod result;
 pub mod scheduler;
 mod sequence;

@@ -1,13 +1,14 @@
 //! What the cache offers a prompt, decided before anything is copied or computed: resident blocks
 //! of the pool (read in place), the chunk store's longest prefix (written into fresh blocks), and
 //! chunks stored elsewhere whose tokens reappear later in the prompt (re-rotated and repaired).
-//! Pure over the block manager and the store: no model, no tensors.
+//! Pure over the block manager and the store (no model, no tensors), but for one callback: a
+//! chunk found by content that only the pool holds is written to the store first.
 
 use crate::blocks::{BlockId, BlockManager, NodeId, ROOT};
 use crate::config::{EngineConfig, GenerationMode};
 use crate::EngineError;
 use kvb_chunk::{split, ChunkConfig, ChunkStrategy};
-use kvb_hash::Namespace;
+use kvb_hash::{ContentKey, Namespace};
 use kvb_store::{ChunkStore, KvChunk};
 use std::ops::Range;
 use std::sync::Arc;
@@ -61,6 +62,10 @@ impl Plan {
     }
 }
 
+/// Writes to the store the chunks a resident sequence holds with this content, if one does
+/// (see [`crate::resident_chunks`]); returns whether the store now has that content.
+pub(crate) type StoreResident<'a> = &'a mut dyn FnMut(&ContentKey, &mut BlockManager) -> bool;
+
 /// The engine's view for planning.
 pub(crate) struct Planner<'a> {
     pub store: &'a ChunkStore,
@@ -77,6 +82,7 @@ impl Planner<'_> {
         tokens: &[u32],
         mode: GenerationMode,
         blocks: &mut BlockManager,
+        store_resident: StoreResident,
     ) -> Result<Plan, EngineError> {
         let n = tokens.len();
         let mut plan = Plan::default();
@@ -139,7 +145,8 @@ impl Planner<'_> {
         }
         plan.pool_node = node_of(plan.pool_blocks.len());
         if mode == GenerationMode::ChunkReuse {
-            plan.interior = self.find_interior(tokens, plan.prefix_end(bs))?;
+            plan.interior =
+                self.find_interior(tokens, plan.prefix_end(bs), blocks, store_resident)?;
         }
         Ok(plan)
     }
@@ -149,9 +156,18 @@ impl Planner<'_> {
     /// every offset is probed (one content key and one index probe each: ~1 us per position);
     /// content-defined cuts (boundary window, semantic) shift with the text, so there the prompt's
     /// own chunks are looked up.
-    fn find_interior(&self, tokens: &[u32], from: usize) -> Result<Vec<Piece>, EngineError> {
+    fn find_interior(
+        &self,
+        tokens: &[u32],
+        from: usize,
+        blocks: &mut BlockManager,
+        store_resident: StoreResident,
+    ) -> Result<Vec<Piece>, EngineError> {
         let n = tokens.len();
         let mut found = Vec::new();
+        let mut stored = |key: &ContentKey| -> Result<bool, EngineError> {
+            Ok(self.store.has_content(key) || store_resident(key, blocks))
+        };
         let take =
             |start: usize, window: &[u32], found: &mut Vec<Piece>| -> Result<bool, EngineError> {
                 let key = self.namespace.content_key(window);
@@ -174,8 +190,7 @@ impl Planner<'_> {
                 // The last token stays live: its logits start generation.
                 while i + size < n {
                     let window = &tokens[i..i + size];
-                    if self.store.has_content(&self.namespace.content_key(window))
-                        && take(i, window, &mut found)?
+                    if stored(&self.namespace.content_key(window))? && take(i, window, &mut found)?
                     {
                         i += size;
                     } else {
@@ -185,7 +200,7 @@ impl Planner<'_> {
             }
             _ => {
                 for c in split(tokens, self.chunking, self.namespace) {
-                    if c.start >= from && c.end < n && c.cacheable {
+                    if c.start >= from && c.end < n && c.cacheable && stored(&c.content_key)? {
                         take(c.start, &c.tokens, &mut found)?;
                     }
                 }

@@ -77,7 +77,9 @@ pub struct GenerationResult {
     pub approximate_chunks: usize,
     /// Times the sequence was preempted (its blocks given up for room, recomputed later).
     pub preemptions: usize,
-    /// Chunks the request added to the chunk store, and their bytes.
+    /// Chunks the request added to the chunk store when it finished. Zero where its blocks stay
+    /// resident: the store gets those later, on eviction or on a content hit, so that the same
+    /// K/V is not held twice (a warm, which generates nothing, stores at once).
     pub stored_chunks: usize,
     /// Bytes of those chunks.
     pub stored_bytes: usize,

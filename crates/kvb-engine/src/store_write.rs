@@ -1,13 +1,13 @@
-//! Writing exact K/V from the pool to the chunk store: a finished sequence's new chunks
-//! (write-through, so a document first read inside a prompt is found by content later, and the
-//! disk tier keeps what was learned), and a path the pool evicts (write-back of what the store
-//! lacks).
+//! Writing exact K/V from the pool to the chunk store: a path the pool evicts (write-back of
+//! what the store lacks), a resident path when a prompt finds one of its chunks by content, and
+//! a finished sequence's new chunks where they will not stay resident (or a warm asks for them).
 
-use crate::blocks::BlockId;
+use crate::blocks::{BlockId, BlockManager};
 use crate::kv_transfer::read_layers;
+use crate::resident_chunks::ResidentChunks;
 use crate::EngineError;
 use kvb_chunk::{split, ChunkConfig};
-use kvb_hash::{Namespace, PrefixKey};
+use kvb_hash::{ContentKey, Namespace, PrefixKey};
 use kvb_model::{KvPool, ModelBackend};
 use kvb_store::{ChunkStore, Inserted, KvChunk, KvFormat};
 
@@ -54,5 +54,44 @@ impl StoreWriter<'_> {
             parent = key;
         }
         Ok((count, bytes))
+    }
+
+    /// Content keys of the chunks of `tokens` the store lacks (what [`Self::store_sequence`]
+    /// would write), for [`ResidentChunks::record`].
+    pub fn missing_chunks(&self, tokens: &[u32]) -> Vec<ContentKey> {
+        split(tokens, self.chunking, self.namespace)
+            .into_iter()
+            .filter(|c| c.cacheable && !self.store.contains(&c.prefix_key))
+            .map(|c| c.content_key)
+            .collect()
+    }
+
+    /// Writes the chunks of the resident path that holds content `key` (if `resident` has one)
+    /// from the pool's tree blocks to the store, as far as the tree still holds the path exactly.
+    /// Best effort: a chunk the store refuses is only a cache entry lost. Returns whether the
+    /// store now has that content.
+    pub fn store_resident<B: ModelBackend>(
+        &self,
+        pool: &KvPool<B>,
+        resident: &mut ResidentChunks,
+        key: &ContentKey,
+        blocks: &mut BlockManager,
+    ) -> bool {
+        let Some(path) = resident.take_path_of(key) else {
+            return false;
+        };
+        let bs = blocks.block_size();
+        let m = blocks.lookup(&path, false);
+        let mut table = m.blocks[..m.exact_blocks].to_vec();
+        let mut covered = m.exact_blocks * bs;
+        if let (Some((_, block, used)), true) = (m.partial, m.exact_blocks == m.blocks.len()) {
+            if !m.partial_approximate {
+                table.push(block);
+                covered += used;
+            }
+        }
+        let covered = covered.min(path.len());
+        let _ = self.store_sequence(pool, &table, &path[..covered], pool.head_shape());
+        self.store.has_content(key)
     }
 }

@@ -471,3 +471,51 @@ fn a_moved_document_is_reused_whole_even_off_the_chunk_grid() {
         .unwrap();
     assert_eq!(reuse.token_ids, base.token_ids);
 }
+
+#[test]
+fn resident_kv_is_held_once_and_reaches_the_store_when_needed() {
+    // A finished sequence's chunks stay in the pool only; the store gets them when a prompt finds
+    // one by content (the moved document), when asked to flush, or at once where nothing stays
+    // resident.
+    let e = engine("llama", config());
+    let doc = prompt(30, 40);
+    let mut first = prompt(31, 3);
+    first.extend(&doc);
+    e.generate_tokens(&first, &opts(GenerationMode::ChunkReuse, 2), &mut |_| {})
+        .unwrap();
+    e.sync().unwrap();
+    assert!(e.paged_stats().blocks_resident > 0);
+    assert_eq!(e.cache_stats().ram_chunks, 0, "resident K/V is not copied");
+
+    let mut moved = prompt(32, 11);
+    moved.extend(&doc);
+    moved.extend(prompt(33, 4));
+    let reuse = e
+        .generate_tokens(&moved, &opts(GenerationMode::ChunkReuse, 4), &mut |_| {})
+        .unwrap();
+    assert!(reuse.cached_tokens >= 32, "found by content: {reuse:?}");
+    e.sync().unwrap();
+    let after_hit = e.cache_stats().ram_chunks;
+    assert!(
+        after_hit >= 4,
+        "the first path went to the store on its hit: {after_hit}"
+    );
+
+    e.flush().unwrap();
+    assert!(
+        e.cache_stats().ram_chunks > after_hit,
+        "flush stores what only the pool held"
+    );
+
+    let gone = engine(
+        "llama",
+        EngineConfig {
+            keep_resident: false,
+            ..config()
+        },
+    );
+    let r = gone
+        .generate_tokens(&first, &opts(GenerationMode::ChunkReuse, 2), &mut |_| {})
+        .unwrap();
+    assert!(r.stored_chunks >= 5, "stored at once: {r:?}");
+}

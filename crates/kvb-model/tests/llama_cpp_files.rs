@@ -28,7 +28,9 @@ struct Fixture {
     exact: Vec<f32>,
 }
 
-fn fixtures_of_llama_cpp() -> (Vec<u32>, usize, Vec<Fixture>) {
+/// The fixtures' tokens, vocabulary size, files, and the logits of the f32 weights they were
+/// quantized from.
+fn fixtures_of_llama_cpp() -> (Vec<u32>, usize, Vec<Fixture>, Vec<f32>) {
     let dir = fixtures().join("llama-cpp");
     let json: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("fixtures.json")).unwrap()).unwrap();
@@ -50,7 +52,8 @@ fn fixtures_of_llama_cpp() -> (Vec<u32>, usize, Vec<Fixture>) {
             exact: read_f32(&dir.join(f["exact_logits"].as_str().unwrap())),
         })
         .collect();
-    (tokens, vocab, files)
+    let reference = read_f32(&dir.join(json["reference_logits"].as_str().unwrap()));
+    (tokens, vocab, files, reference)
 }
 
 fn logits(path: &std::path::Path, tokens: &[u32], precision: WeightPrecision) -> Vec<f32> {
@@ -74,6 +77,11 @@ fn logits(path: &std::path::Path, tokens: &[u32], precision: WeightPrecision) ->
         .unwrap()
 }
 
+fn spread(values: &[f32]) -> f32 {
+    let mean = values.iter().sum::<f32>() / values.len() as f32;
+    (values.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / values.len() as f32).sqrt()
+}
+
 fn argmax(row: &[f32]) -> usize {
     (0..row.len())
         .max_by(|&a, &b| row[a].total_cmp(&row[b]))
@@ -82,16 +90,14 @@ fn argmax(row: &[f32]) -> usize {
 
 #[test]
 fn llama_cpp_quantized_files_give_llama_cpps_logits() {
-    let (tokens, vocab, files) = fixtures_of_llama_cpp();
+    let (tokens, vocab, files, _) = fixtures_of_llama_cpp();
     assert!(files.len() >= 7, "every file type of make.py");
     for f in &files {
         let got = logits(&f.gguf, &tokens, WeightPrecision::Auto);
         let want = &f.logits;
         assert_eq!(got.len(), tokens.len() * vocab, "{}", f.name);
         assert_eq!(want.len(), got.len(), "{}", f.name);
-        let mean = want.iter().sum::<f32>() / want.len() as f32;
-        let spread =
-            (want.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / want.len() as f32).sqrt();
+        let spread = spread(want);
         let max_diff =
             |a: &[f32], b: &[f32]| a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
         let from_exact = max_diff(&got, &f.exact);
@@ -133,7 +139,7 @@ fn llama_cpp_quantized_files_give_llama_cpps_logits() {
 /// packed products compute the f32 expansion's sums), so the comparison above holds for both.
 #[test]
 fn llama_cpp_files_kept_as_stored_compute_their_f32_expansion() {
-    let (tokens, _, files) = fixtures_of_llama_cpp();
+    let (tokens, _, files, _) = fixtures_of_llama_cpp();
     for f in &files {
         let packed = logits(&f.gguf, &tokens, WeightPrecision::Auto);
         let expanded = logits(&f.gguf, &tokens, WeightPrecision::F32);
@@ -143,5 +149,55 @@ fn llama_cpp_files_kept_as_stored_compute_their_f32_expansion() {
             .filter(|(a, b)| a.to_bits() != b.to_bits())
             .count();
         assert_eq!(differing, 0, "{}: {differing} logits differ", f.name);
+    }
+}
+
+/// What each format costs against the f32 weights it was quantized from: the share of positions
+/// whose top token is the f32 model's. kvb loses what the format loses and nothing more: where
+/// its top token differs from that of the file's exact logits, those were a tie to f32 rounding.
+#[test]
+fn each_formats_top_token_agreement_with_the_f32_weights() {
+    let (tokens, vocab, files, reference) = fixtures_of_llama_cpp();
+    assert_eq!(reference.len(), tokens.len() * vocab);
+    let tops = |logits: &[f32]| logits.chunks(vocab).map(argmax).collect::<Vec<_>>();
+    let share = |a: &[usize], b: &[usize]| {
+        a.iter().zip(b).filter(|(x, y)| x == y).count() as f64 / a.len() as f64
+    };
+    let f32_tops = tops(&reference);
+    println!(
+        "| format | top-1 agreement with the f32 weights (kvb) | (exact logits of the file) | \
+         largest logit difference from the f32 weights' (share of their spread) |"
+    );
+    let spread_f32 = spread(&reference);
+    for f in &files {
+        let got = logits(&f.gguf, &tokens, WeightPrecision::Auto);
+        let (kvb, exact) = (tops(&got), tops(&f.exact));
+        let largest = got
+            .iter()
+            .zip(&reference)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        println!(
+            "| {} | {:.0}% | {:.0}% | {:.4} ({:.2}%) |",
+            f.name,
+            100.0 * share(&kvb, &f32_tops),
+            100.0 * share(&exact, &f32_tops),
+            largest,
+            100.0 * largest / spread_f32
+        );
+        let tie = 2.0 * EXACT_ERROR * spread(&f.exact);
+        for (p, row) in f.exact.chunks(vocab).enumerate() {
+            let margin = row[exact[p]] - row[kvb[p]];
+            assert!(
+                margin <= tie,
+                "{} position {p}: kvb's top token {} trails the exact top {} by {margin}",
+                f.name,
+                kvb[p],
+                exact[p]
+            );
+        }
+        // A format that keeps 8 bits or more loses (almost) nothing on this model.
+        if ["q8_0", "f16", "q6_k"].contains(&f.name.as_str()) {
+            assert!(share(&kvb, &f32_tops) >= 0.9, "{}", f.name);
+        }
     }
 }

@@ -1,12 +1,13 @@
 //! Admission: a waiting request becomes a running sequence once its blocks fit.
 
 use super::Scheduler;
-use crate::blocks::{BlockId, IndexCursor};
+use crate::blocks::{BlockId, BlockManager, IndexCursor};
 use crate::config::GenerationMode;
 use crate::kv_transfer::write_pieces;
 use crate::plan::{runs, Plan, Planner};
 use crate::sequence::{Sequence, Work};
 use crate::EngineError;
+use kvb_hash::ContentKey;
 use kvb_model::ModelBackend;
 use std::time::Instant;
 
@@ -27,7 +28,13 @@ impl<B: ModelBackend> Scheduler<B> {
                 config: &self.shared.config,
             };
             let tokens = &self.waiting[i].tokens[..self.waiting[i].prefill_len];
-            let plan = match planner.plan(tokens, mode, &mut self.blocks) {
+            let shared = self.shared.clone();
+            let writer = Self::writer(&shared);
+            let (pool, resident) = (&self.pool, &mut self.resident);
+            let mut store_resident = |key: &ContentKey, blocks: &mut BlockManager| {
+                writer.store_resident(pool, resident, key, blocks)
+            };
+            let plan = match planner.plan(tokens, mode, &mut self.blocks, &mut store_resident) {
                 Ok(p) => p,
                 Err(e) => {
                     let seq = self.waiting.remove(i).expect("index in range");

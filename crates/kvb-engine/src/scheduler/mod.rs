@@ -10,8 +10,9 @@
 //!    one, up to the step's token budget (chunked prefill); reused runs are placed and repaired
 //!    when a prefill reaches them ([`place`]);
 //! 4. one forward pass; each sequence whose row produced logits samples, streams, and may stop
-//!    ([`step`]); finished sequences index their blocks, store their new chunks and free their
-//!    table.
+//!    ([`step`]); finished sequences index their blocks and free their table. Their new chunks
+//!    reach the chunk store when the pool evicts them, or when a prompt finds one by content
+//!    ([`crate::resident_chunks`]): never two copies of resident K/V.
 //!
 //! A sequence that needs a block when none can be had preempts the newest running sequence: its
 //! blocks are freed (what it had indexed stays resident) and it waits to be admitted again,
@@ -24,6 +25,7 @@ mod step;
 use crate::blocks::{BlockManager, Removed};
 use crate::engine::Shared;
 use crate::request::Event;
+use crate::resident_chunks::ResidentChunks;
 use crate::result::PoolStats;
 use crate::sequence::Sequence;
 use crate::store_write::StoreWriter;
@@ -61,6 +63,8 @@ pub(crate) struct Scheduler<B: ModelBackend> {
     peak_used: usize,
     /// Blocks below this are backed by memory (see [`Scheduler::prefault_ahead`]).
     prefaulted_until: usize,
+    /// Finished sequences' chunks that only the pool holds, by content.
+    resident: ResidentChunks,
 }
 
 /// How much of the pool's never-used blocks an idle scheduler backs with memory ahead of the next
@@ -81,6 +85,8 @@ impl<B: ModelBackend> Scheduler<B> {
             preemptions: 0,
             peak_used: 0,
             prefaulted_until: 0,
+            // Paths share prefixes; twice the pool's slots is room for what it can hold.
+            resident: ResidentChunks::new(2 * max_blocks * block_size),
         }
     }
 
@@ -201,6 +207,7 @@ impl<B: ModelBackend> Scheduler<B> {
 
     fn reset(&mut self) -> Result<(), EngineError> {
         self.blocks.clear(&mut |_| {});
+        self.resident.clear();
         self.shared.store.clear()?;
         // Running sequences keep their blocks; they no longer extend tree paths.
         for s in &mut self.running {
@@ -216,6 +223,7 @@ impl<B: ModelBackend> Scheduler<B> {
         let mut result = Ok(());
         // Every leaf's path covers its ancestors: storing the leaves stores everything.
         let mut tree = self.blocks.tree().clone();
+        self.resident.clear();
         for r in tree.clear() {
             if !r.approximate && result.is_ok() {
                 result = writer

@@ -269,8 +269,13 @@ impl<B: ModelBackend> Scheduler<B> {
         );
     }
 
-    /// Ends a sequence that generated what it should: indexes its blocks, stores its new exact
-    /// chunks, frees its table and sends its result.
+    /// Ends a sequence that generated what it should: indexes its blocks, records or stores its
+    /// new exact chunks, frees its table and sends its result.
+    ///
+    /// Chunks the pool's tree now holds are only recorded by content ([`crate::resident_chunks`]): the
+    /// store gets them on eviction or on a content hit, so resident K/V is never held twice. A
+    /// warm (a request that generates nothing, made to fill the cache) and a sequence whose
+    /// blocks will not stay resident store theirs now.
     fn finish(&mut self, mut s: Sequence) {
         let rest = s.run.finish();
         if !rest.is_empty() {
@@ -281,14 +286,24 @@ impl<B: ModelBackend> Scheduler<B> {
         let t = Instant::now();
         if s.options.mode != GenerationMode::Baseline {
             let exact = s.filled.min(s.exact_until).min(s.cacheable_until());
+            let tokens = &s.tokens[..exact];
             let shared = self.shared.clone();
             let writer = Self::writer(&shared);
-            match writer.store_sequence(
-                &self.pool,
-                &s.table,
-                &s.tokens[..exact],
-                self.pool.head_shape(),
-            ) {
+            let resident = shared.config.keep_resident
+                && s.options.max_new_tokens > 0
+                && self
+                    .blocks
+                    .lookup(tokens, false)
+                    .tokens(self.blocks.block_size())
+                    >= exact;
+            let stored = if resident {
+                self.resident
+                    .record(tokens.into(), writer.missing_chunks(tokens));
+                Ok((0, 0))
+            } else {
+                writer.store_sequence(&self.pool, &s.table, tokens, self.pool.head_shape())
+            };
+            match stored {
                 Ok((chunks, bytes)) => {
                     s.stats.stored_chunks = chunks;
                     s.stats.stored_bytes = bytes;

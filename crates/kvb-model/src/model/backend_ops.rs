@@ -13,6 +13,12 @@ use kvb_attn::AttentionBackend;
 
 /// A burn backend the model can run on (attention included, see [`AttentionBackend`]).
 pub trait ModelBackend: AttentionBackend {
+    /// Runs a whole forward pass `f` where the backend's parallel ops are cheapest to start.
+    /// Here on the calling thread: a device backend only queues work from it.
+    fn on_compute_threads<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+        f()
+    }
+
     /// `x`: `[m, k]` times `w`: `[k, n]` (contiguous) -> `[m, n]`.
     fn linear_matmul(x: Tensor<Self, 2>, w: Tensor<Self, 2>) -> Tensor<Self, 2> {
         x.matmul(w)

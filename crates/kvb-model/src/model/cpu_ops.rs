@@ -48,6 +48,14 @@ fn rows_of(t: &Tensor<NdArray<f32>, 2>) -> Option<NdArrayTensor> {
 }
 
 impl ModelBackend for NdArray<f32> {
+    /// On a worker of rayon's pool: a parallel op started from another thread (the engine's
+    /// scheduler) hands its work over and sleeps until it is done, two thread wake-ups that a
+    /// decode step paid ~200 times; started from a worker it is a cheap fork-join. SmolLM2 Q4_1
+    /// decode on 2 cores, 300 tokens: 59.7 -> 74 tokens/s (1 thread: 36 -> 42).
+    fn on_compute_threads<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+        rayon::scope(|_| f())
+    }
+
     /// One pass per row instead of six tensor ops (square, mean, add, sqrt, recip, two muls),
     /// each allocating an `[n, h]` tensor. Sums in f32, as transformers does.
     fn rms_norm(x: Tensor<Self, 2>, weight: Tensor<Self, 2>, eps: f64) -> Tensor<Self, 2> {

@@ -362,13 +362,15 @@ impl<B: ModelBackend> Model<B> {
         logits: LogitsFor,
     ) -> Result<Tensor<B, 2>> {
         self.check_inputs(batch.tokens, batch.positions)?;
-        let layout = batch.layout(pool)?;
-        let rope: RopeTables<B> = self.rope.tables(batch.positions, &self.device);
-        let mut x = self.embed(batch.tokens);
-        for layer in 0..self.blocks.len() {
-            x = self.block(layer, x, &rope, &layout, pool)?;
-        }
-        self.logits(x, logits)
+        B::on_compute_threads(|| {
+            let layout = batch.layout(pool)?;
+            let rope: RopeTables<B> = self.rope.tables(batch.positions, &self.device);
+            let mut x = self.embed(batch.tokens);
+            for layer in 0..self.blocks.len() {
+                x = self.block(layer, x, &rope, &layout, pool)?;
+            }
+            self.logits(x, logits)
+        })
     }
 
     /// Runs a batch through layers `0..layer` (writing their K/V) and returns the keys layer
@@ -386,13 +388,15 @@ impl<B: ModelBackend> Model<B> {
                 self.config.num_layers
             )));
         }
-        let layout = batch.layout(pool)?;
-        let rope: RopeTables<B> = self.rope.tables(batch.positions, &self.device);
-        let mut x = self.embed(batch.tokens);
-        for l in 0..layer {
-            x = self.block(l, x, &rope, &layout, pool)?;
-        }
-        Ok(self.qkv(layer, x, &rope).1)
+        B::on_compute_threads(|| {
+            let layout = batch.layout(pool)?;
+            let rope: RopeTables<B> = self.rope.tables(batch.positions, &self.device);
+            let mut x = self.embed(batch.tokens);
+            for l in 0..layer {
+                x = self.block(l, x, &rope, &layout, pool)?;
+            }
+            Ok(self.qkv(layer, x, &rope).1)
+        })
     }
 
     fn check_inputs(&self, tokens: &[u32], positions: &[usize]) -> Result<()> {
