@@ -49,9 +49,8 @@ impl ResidentChunks {
         self.tokens += path.len();
         self.paths.push_back((id, path, keys));
         while self.tokens > self.max_tokens && self.paths.len() > 1 {
-            let (id, ..) = self.paths.front().expect("more than one path");
-            let id = *id;
-            self.remove(id);
+            let oldest = self.paths[0].0;
+            self.remove(oldest);
         }
     }
 

@@ -84,11 +84,11 @@ impl StoreWriter<'_> {
         let m = blocks.lookup(&path, false);
         let mut table = m.blocks[..m.exact_blocks].to_vec();
         let mut covered = m.exact_blocks * bs;
-        if let (Some((_, block, used)), true) = (m.partial, m.exact_blocks == m.blocks.len()) {
-            if !m.partial_approximate {
-                table.push(block);
-                covered += used;
-            }
+        // The partial block counts only after an all-exact run of full ones.
+        let all_exact = m.exact_blocks == m.blocks.len() && !m.partial_approximate;
+        if let Some((_, block, used)) = m.partial.filter(|_| all_exact) {
+            table.push(block);
+            covered += used;
         }
         let covered = covered.min(path.len());
         let _ = self.store_sequence(pool, &table, &path[..covered], pool.head_shape());

@@ -427,32 +427,36 @@ fn markdown(o: &Options, ws: &[Workload], m: &[(String, Measured)], gguf_bytes: 
     }
     // The targets, each from this run's figures.
     let peer = |name: &str| peers.iter().find(|(p, _)| p == name).map(|(_, m)| m);
-    let mut targets: Vec<(String, Option<f64>)> = Vec::new();
-    for w in ["prefill-500", "prefill-2700"] {
-        let r = peer("pytorch-f32")
+    // kvb's speed over the peer's: a time's ratio is the peer's over kvb's, a rate's the reverse.
+    let ttft = |name: &str, w: &str| {
+        peer(name)
             .and_then(|p| p.ttft(w))
             .zip(kvb.ttft(w))
-            .map(|(p, k)| p / k);
-        targets.push((format!("{w}: TTFT at least PyTorch f32's (ratio >= 1)"), r));
-    }
-    for w in ["prefill-500", "prefill-2700"] {
-        let r = peer("llama.cpp")
+            .map(|(p, k)| p / k)
+    };
+    let decode = |name: &str, w: &str| {
+        peer(name)
             .and_then(|p| p.decode(w))
             .zip(kvb.decode(w))
-            .map(|(p, k)| k / p);
+            .map(|(p, k)| k / p)
+    };
+    let mut targets: Vec<(String, Option<f64>)> = Vec::new();
+    for w in ["prefill-500", "prefill-2700"] {
+        targets.push((
+            format!("{w}: TTFT at least PyTorch f32's (ratio >= 1)"),
+            ttft("pytorch-f32", w),
+        ));
+    }
+    for w in ["prefill-500", "prefill-2700"] {
         targets.push((
             format!("decode after {w}: tokens/s at least llama.cpp's (ratio >= 1)"),
-            r,
+            decode("llama.cpp", w),
         ));
     }
     for w in ["warm-code", "warm-doc"] {
-        let r = peer("llama.cpp+cache")
-            .and_then(|p| p.ttft(w))
-            .zip(kvb.ttft(w))
-            .map(|(p, k)| p / k);
         targets.push((
             format!("{w}: TTFT at most llama.cpp's with its prompt cache (ratio >= 1)"),
-            r,
+            ttft("llama.cpp+cache", w),
         ));
     }
     s += "\n## Targets\n\n";
