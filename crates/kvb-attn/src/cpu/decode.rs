@@ -128,10 +128,7 @@ fn segment<M: DecodeMath>(
             for g in 0..group {
                 let tile_scores = &mut scores[(r * group + g) * TILE..][..visible];
                 let state = &mut states[(r * group + g) * width..][..width];
-                let block_max = tile_scores
-                    .iter()
-                    .copied()
-                    .fold(f32::NEG_INFINITY, f32::max);
+                let block_max = M::max(tile_scores);
                 let new_max = state[d].max(block_max);
                 let rescale = if state[d] == f32::NEG_INFINITY {
                     0.0
@@ -141,11 +138,7 @@ fn segment<M: DecodeMath>(
                 if rescale != 1.0 {
                     state[..d].iter_mut().for_each(|a| *a *= rescale);
                 }
-                // Exponentials in a loop of their own (it vectorises), then their sum in key order.
-                for s in tile_scores.iter_mut() {
-                    *s = fast_exp(*s - new_max);
-                }
-                let sum = tile_scores.iter().fold(0f32, |acc, &p| acc + p);
+                let sum = M::exp_sum(tile_scores, new_max);
                 state[d + 1] = state[d + 1] * rescale + sum;
                 state[d] = new_max;
             }

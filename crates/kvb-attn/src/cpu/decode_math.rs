@@ -7,6 +7,8 @@
 //! AVX2 version scores four keys per pass (one load of each query chunk for four keys, and one
 //! shared horizontal reduction), which is what makes it fast.
 
+use crate::fastmath::fast_exp;
+
 /// Scores and value sums for one (query, run of keys) at a time.
 pub(crate) trait DecodeMath {
     /// `out[j] = scale * (q . keys[j])` for the `out.len()` keys of `keys` (`d` values each).
@@ -53,6 +55,17 @@ pub(crate) trait DecodeMath {
             );
         }
     }
+
+    /// The largest of a tile's scores (exact in any order).
+    fn max(scores: &[f32]) -> f32 {
+        tile_max(scores)
+    }
+
+    /// Replaces each score by `e^(score - max)` and returns their sum: eight lanes in key order,
+    /// then [`reduce`].
+    fn exp_sum(scores: &mut [f32], max: f32) -> f32 {
+        tile_exp_sum(scores, max)
+    }
 }
 
 /// The query heads of one GQA group for one row: `count` vectors of `d`, `stride` apart.
@@ -69,6 +82,41 @@ impl Heads {
         // SAFETY: built by the kernel from a q view holding `count` heads of `d` values.
         unsafe { std::slice::from_raw_parts(self.ptr.offset(g as isize * self.stride), d) }
     }
+}
+
+/// [`DecodeMath::max`]: eight running maxima (they vectorise; a fold of `f32::max` does not).
+#[inline(always)]
+fn tile_max(scores: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let mut rows = scores.chunks_exact(8);
+    for row in &mut rows {
+        for (l, &x) in lanes.iter_mut().zip(row) {
+            *l = if x > *l { x } else { *l };
+        }
+    }
+    rows.remainder()
+        .iter()
+        .chain(&lanes)
+        .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })
+}
+
+/// [`DecodeMath::exp_sum`]. The exponentials and the lane sums are separate multiplies and adds
+/// (never fused), so every version gives the same bits.
+#[inline(always)]
+fn tile_exp_sum(scores: &mut [f32], max: f32) -> f32 {
+    let mut lanes = [0f32; 8];
+    let mut rows = scores.chunks_exact_mut(8);
+    for row in &mut rows {
+        for (l, s) in lanes.iter_mut().zip(row) {
+            *s = fast_exp(*s - max);
+            *l += *s;
+        }
+    }
+    for (l, s) in lanes.iter_mut().zip(rows.into_remainder()) {
+        *s = fast_exp(*s - max);
+        *l += *s;
+    }
+    reduce(lanes)
 }
 
 /// Plain Rust (two roundings per multiply-add).
@@ -107,7 +155,8 @@ pub(crate) struct Avx2;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{reduce, Avx2, DecodeMath};
+    use super::{reduce, tile_max, Avx2, DecodeMath};
+    use crate::fastmath::fast_exp;
     use std::arch::x86_64::*;
 
     /// The four lanes' sums of four accumulators, in [`reduce`]'s order.
@@ -239,7 +288,13 @@ mod avx2 {
     ) {
         let mut c = 0;
         while c + 32 <= d {
-            accumulate_chunks::<H, 4>(acc, p, values.as_ptr().add(c), d, n, c);
+            // Three heads with four chunks each would need 19 of the 16 vector registers.
+            if H == 3 {
+                accumulate_chunks::<H, 2>(acc, p, values.as_ptr().add(c), d, n, c);
+                accumulate_chunks::<H, 2>(acc, p, values.as_ptr().add(c + 16), d, n, c + 16);
+            } else {
+                accumulate_chunks::<H, 4>(acc, p, values.as_ptr().add(c), d, n, c);
+            }
             c += 32;
         }
         while c < d {
@@ -278,7 +333,65 @@ mod avx2 {
         }
     }
 
+    /// [`tile_max`] compiled for AVX2 (eight lanes in one register).
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn max_avx2(scores: &[f32]) -> f32 {
+        tile_max(scores)
+    }
+
+    /// [`fast_exp`] on eight lanes, operation for operation (no fused multiply-adds), so each
+    /// lane has the scalar version's bits.
+    #[inline(always)]
+    unsafe fn exp8(x: __m256) -> __m256 {
+        let c = _mm256_set1_ps;
+        let x = _mm256_max_ps(_mm256_min_ps(x, c(88.0)), c(-87.0));
+        let t = _mm256_add_ps(
+            _mm256_mul_ps(x, c(std::f32::consts::LOG2_E)),
+            c(12_582_912.0),
+        );
+        let n = _mm256_sub_ps(t, c(12_582_912.0));
+        let r = _mm256_sub_ps(
+            _mm256_sub_ps(x, _mm256_mul_ps(n, c(0.693_145_75))),
+            _mm256_mul_ps(n, c(1.428_606_8e-6)),
+        );
+        let mut p = c(1.0 / 720.0);
+        for k in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+            p = _mm256_add_ps(c(k), _mm256_mul_ps(r, p));
+        }
+        let exponent = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(0x4B40_0000));
+        let scale = _mm256_slli_epi32::<23>(_mm256_add_epi32(exponent, _mm256_set1_epi32(127)));
+        _mm256_mul_ps(p, _mm256_castsi256_ps(scale))
+    }
+
+    /// [`tile_exp_sum`] eight lanes at a time, with its bits (the same lanes, the same order).
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn exp_sum_avx2(scores: &mut [f32], max: f32) -> f32 {
+        let (mut lanes, m) = (_mm256_setzero_ps(), _mm256_set1_ps(max));
+        let mut rows = scores.chunks_exact_mut(8);
+        for row in &mut rows {
+            let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(row.as_ptr()), m));
+            _mm256_storeu_ps(row.as_mut_ptr(), e);
+            lanes = _mm256_add_ps(lanes, e);
+        }
+        let mut lanes = self::lanes(lanes);
+        for (l, s) in lanes.iter_mut().zip(rows.into_remainder()) {
+            *s = fast_exp(*s - max);
+            *l += *s;
+        }
+        reduce(lanes)
+    }
+
     impl DecodeMath for Avx2 {
+        fn max(scores: &[f32]) -> f32 {
+            // SAFETY: only chosen where the CPU has AVX2 and FMA (see `decode_attention`).
+            unsafe { max_avx2(scores) }
+        }
+
+        fn exp_sum(scores: &mut [f32], max: f32) -> f32 {
+            // SAFETY: as above.
+            unsafe { exp_sum_avx2(scores, max) }
+        }
+
         fn scores_group(
             q: super::Heads,
             keys: &[f32],
@@ -367,6 +480,44 @@ mod tests {
                     / 700.0
             })
             .collect()
+    }
+
+    /// The tile softmax's maximum and exponentials have the same bits in both versions, for
+    /// every length (whole rows of eight and a remainder), and match libm within 1e-6.
+    #[test]
+    fn both_versions_give_the_same_softmax_bits() {
+        for n in 1..70 {
+            let scores: Vec<f32> = values(n, n as u32).iter().map(|x| x * 9.0).collect();
+            let max = Portable::max(&scores);
+            assert_eq!(
+                max,
+                scores.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+            );
+            let mut portable = scores.clone();
+            let sum = Portable::exp_sum(&mut portable, max);
+            for (e, s) in portable.iter().zip(&scores) {
+                assert!(
+                    (e - (s - max).exp()).abs() <= 1e-6,
+                    "{e} vs e^({s} - {max})"
+                );
+            }
+            let want: f32 = portable.iter().sum();
+            assert!((sum - want).abs() <= 1e-5 * want, "n {n}: {sum} vs {want}");
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                assert_eq!(Avx2::max(&scores).to_bits(), max.to_bits(), "n {n}");
+                let mut fast = scores.clone();
+                assert_eq!(
+                    Avx2::exp_sum(&mut fast, max).to_bits(),
+                    sum.to_bits(),
+                    "n {n}"
+                );
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&fast), bits(&portable), "n {n}");
+            }
+        }
     }
 
     /// Both versions score and sum within float rounding of each other, and a key's score is the

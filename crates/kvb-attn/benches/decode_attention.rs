@@ -1,0 +1,99 @@
+//! Decode attention over a long cache, set against this machine's streaming read rate measured in
+//! the same run: a decode step is memory-bound, so the ratio (attention's K/V bytes per second over
+//! a plain parallel sum's) says how close the kernel gets to the limit. SmolLM2-135M's shapes
+//! (9 q heads over 3 kv heads, head_dim 64, 30 layers), one decode row, 16-token blocks.
+//!
+//! Run with `cargo bench -p kvb-attn --bench decode_attention` (threads: `RAYON_NUM_THREADS`).
+
+use burn::tensor::{Distribution, Tensor};
+use burn_ndarray::NdArray;
+use kvb_attn::{AttentionBackend, PagedBatch, PagedSeq};
+use rayon::prelude::*;
+use std::time::{Duration, Instant};
+
+type B = NdArray<f32>;
+const LAYERS: usize = 30;
+const Q_HEADS: usize = 9;
+const KV_HEADS: usize = 3;
+const HEAD_DIM: usize = 64;
+const BLOCK: usize = 16;
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// Seconds per pass of a parallel sum over `bytes` of f32 (the machine's read rate).
+fn stream_rate(data: &[f32]) -> f64 {
+    let run = || {
+        let t = Instant::now();
+        // Eight independent lanes so that the sum vectorises (a float sum in order does not).
+        let s: f32 = data
+            .par_chunks(1 << 16)
+            .map(|c| {
+                let mut lanes = [0f32; 8];
+                for row in c.chunks_exact(8) {
+                    lanes.iter_mut().zip(row).for_each(|(l, x)| *l += x);
+                }
+                lanes.iter().sum::<f32>()
+            })
+            .sum();
+        std::hint::black_box(s);
+        t.elapsed()
+    };
+    run();
+    let t = median((0..7).map(|_| run()).collect());
+    std::mem::size_of_val(data) as f64 / t.as_secs_f64()
+}
+
+fn main() {
+    let dev = Default::default();
+    for keys in [1_024usize, 2_706] {
+        let blocks = keys.div_ceil(BLOCK);
+        let shape = [KV_HEADS, blocks * BLOCK, HEAD_DIM];
+        // One pool per layer, as in the model: the whole cache does not fit in any cache level.
+        let pools: Vec<(Tensor<B, 3>, Tensor<B, 3>)> = (0..LAYERS)
+            .map(|_| {
+                let k = Tensor::random(shape, Distribution::Normal(0.0, 1.0), &dev);
+                let v = Tensor::random(shape, Distribution::Normal(0.0, 1.0), &dev);
+                (k, v)
+            })
+            .collect();
+        let q = Tensor::<B, 4>::random([1, Q_HEADS, 1, HEAD_DIM], Distribution::Default, &dev);
+        let table: Vec<u32> = (0..blocks as u32).collect();
+        let last = [keys - 1];
+        let seqs = [PagedSeq {
+            blocks: &table,
+            rows: 0..1,
+            last_slot: &last,
+            decode: true,
+        }];
+        let batch = PagedBatch {
+            block_size: BLOCK,
+            seqs: &seqs,
+        };
+        let step = || {
+            let t = Instant::now();
+            for (k, v) in &pools {
+                let out = B::paged_attention(q.clone(), k, v, &batch, 0.125).expect("shapes fit");
+                std::hint::black_box(out);
+            }
+            t.elapsed()
+        };
+        step();
+        let t = median((0..25).map(|_| step()).collect());
+        let bytes = (2 * LAYERS * KV_HEADS * keys * HEAD_DIM * 4) as f64;
+        // Any values will do: the sum only reads them.
+        let flat: Vec<f32> = (0..bytes as usize / 4).map(|i| (i % 7) as f32).collect();
+        let stream = stream_rate(&flat);
+        let rate = bytes / t.as_secs_f64();
+        println!(
+            "{keys:>5} keys: {:.2} ms per step ({LAYERS} layers), K/V read at {:.1} GB/s; \
+             streaming sum {:.1} GB/s; ratio {:.2}",
+            t.as_secs_f64() * 1e3,
+            rate / 1e9,
+            stream / 1e9,
+            rate / stream
+        );
+    }
+}
