@@ -278,11 +278,24 @@ impl ModelBackend for NdArray<f32> {
             .collect()
     }
 
-    /// On the host, in place: a gather into a small buffer and a write, without the tensor ops
-    /// of the generic path (60 of them per copied block, ~1.5 ms of a warm request's assembly).
+    /// On the host, in place, slot to slot: no tensor ops (the generic path's 60 per copied
+    /// block took ~1.5 ms of a warm request's assembly) and no buffer in between.
     fn pool_copy(pool: Tensor<Self, 3>, from: &[usize], to: &[usize]) -> Tensor<Self, 3> {
-        let values = Self::pool_read_host(&pool, from);
-        write_in_place(pool, to, HostKv::all(&values, from.len()))
+        let copied = in_place(pool, |dst, [h, total, d]| {
+            for head in 0..h {
+                for (&f, &t) in from.iter().zip(to) {
+                    let (f, t) = ((head * total + f) * d, (head * total + t) * d);
+                    dst.copy_within(f..f + d, t);
+                }
+            }
+        });
+        match copied {
+            (pool, true) => pool,
+            (pool, false) => {
+                let values = Self::pool_read_host(&pool, from);
+                pool_write_generic(pool, to, HostKv::all(&values, from.len()))
+            }
+        }
     }
 
     fn pool_read_host(pool: &Tensor<Self, 3>, slots: &[usize]) -> Vec<f32> {
