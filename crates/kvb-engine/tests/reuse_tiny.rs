@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{config, engine, max_abs_diff, opts, prompt, same_bits, tiny, FAMILIES};
+use common::{around, config, engine, max_abs_diff, opts, prompt, same_bits, tiny, FAMILIES};
 use kvb_engine::{
     Engine, EngineConfig, EngineError, GenerationMode, KvPrecision, RecomputeStrategy,
 };
@@ -172,9 +172,7 @@ fn interior_reuse_with_everything_recomputed_equals_a_prefill() {
     e.generate_tokens(&first, &opts(GenerationMode::ChunkReuse, 2), &mut |_| {})
         .unwrap();
     // ...and reuse it after a different preamble, at new positions.
-    let mut moved = prompt(8, 13);
-    moved.extend(&doc);
-    moved.extend(prompt(9, 6));
+    let moved = around((8, 13), &doc, (9, 6));
     let base = e
         .generate_tokens(&moved, &opts(GenerationMode::Baseline, 12), &mut |_| {})
         .unwrap();
@@ -198,9 +196,7 @@ fn moved_document() -> (Vec<u32>, Vec<u32>) {
     let doc = prompt(10, 40);
     let mut first = doc.clone();
     first.extend(prompt(11, 5));
-    let mut moved = prompt(12, 21);
-    moved.extend(&doc);
-    moved.extend(prompt(13, 4));
+    let moved = around((12, 21), &doc, (13, 4));
     (first, moved)
 }
 
@@ -458,9 +454,7 @@ fn a_moved_document_is_reused_whole_even_off_the_chunk_grid() {
     first.extend(prompt(22, 5));
     e.generate_tokens(&first, &opts(GenerationMode::ChunkReuse, 2), &mut |_| {})
         .unwrap();
-    let mut moved = prompt(23, 13);
-    moved.extend(&doc);
-    moved.extend(prompt(24, 6));
+    let moved = around((23, 13), &doc, (24, 6));
     let reuse = e
         .generate_tokens(&moved, &opts(GenerationMode::ChunkReuse, 8), &mut |_| {})
         .unwrap();
@@ -487,9 +481,7 @@ fn resident_kv_is_held_once_and_reaches_the_store_when_needed() {
     assert!(e.paged_stats().blocks_resident > 0);
     assert_eq!(e.cache_stats().ram_chunks, 0, "resident K/V is not copied");
 
-    let mut moved = prompt(32, 11);
-    moved.extend(&doc);
-    moved.extend(prompt(33, 4));
+    let moved = around((32, 11), &doc, (33, 4));
     let reuse = e
         .generate_tokens(&moved, &opts(GenerationMode::ChunkReuse, 4), &mut |_| {})
         .unwrap();

@@ -51,6 +51,15 @@ pub fn prompt(seed: u32, n: usize) -> Vec<u32> {
         .collect()
 }
 
+/// `doc` between a generated preamble and a generated question (`(seed, tokens)` each): the
+/// same document at new positions.
+pub fn around(before: (u32, usize), doc: &[u32], after: (u32, usize)) -> Vec<u32> {
+    let mut p = prompt(before.0, before.1);
+    p.extend(doc);
+    p.extend(prompt(after.0, after.1));
+    p
+}
+
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     a.iter()
         .zip(b)
