@@ -1,12 +1,13 @@
 //! Decode attention over a long cache, set against this machine's streaming read rate measured in
 //! the same run: a decode step is memory-bound, so the ratio (attention's K/V bytes per second over
 //! a plain parallel sum's) says how close the kernel gets to the limit. SmolLM2-135M's shapes
-//! (9 q heads over 3 kv heads, head_dim 64, 30 layers), one decode row, 16-token blocks.
+//! (9 q heads over 3 kv heads, head_dim 64, 30 layers), one decode row, 16-token blocks; the pool
+//! in f32 and in f16 (half the bytes; kvb-model's CPU pool holds f16 bits in a `u16` array).
 //!
 //! Run with `cargo bench -p kvb-attn --bench decode_attention` (threads: `RAYON_NUM_THREADS`).
 
-use burn::tensor::{Distribution, Tensor};
-use burn_ndarray::NdArray;
+use burn::tensor::{Distribution, Tensor, TensorData, TensorPrimitive};
+use burn_ndarray::{NdArray, NdArrayTensor};
 use kvb_attn::{AttentionBackend, PagedBatch, PagedSeq};
 use rayon::prelude::*;
 use std::time::{Duration, Instant};
@@ -72,28 +73,55 @@ fn main() {
             block_size: BLOCK,
             seqs: &seqs,
         };
-        let step = || {
+        // The same values as f16 bits.
+        let to_f16 = |t: &Tensor<B, 3>| {
+            let bits: Vec<u16> = t
+                .to_data()
+                .to_vec::<f32>()
+                .expect("f32")
+                .iter()
+                .map(|&x| half::f16::from_f32(x).to_bits())
+                .collect();
+            let primitive = NdArrayTensor::from_data(TensorData::new(bits, shape));
+            Tensor::<B, 3>::from_primitive(TensorPrimitive::Float(primitive))
+        };
+        let half_pools: Vec<(Tensor<B, 3>, Tensor<B, 3>)> =
+            pools.iter().map(|(k, v)| (to_f16(k), to_f16(v))).collect();
+        let step = |pools: &[(Tensor<B, 3>, Tensor<B, 3>)]| {
             let t = Instant::now();
-            for (k, v) in &pools {
+            for (k, v) in pools {
                 let out = B::paged_attention(q.clone(), k, v, &batch, 0.125).expect("shapes fit");
                 std::hint::black_box(out);
             }
             t.elapsed()
         };
-        step();
-        let t = median((0..25).map(|_| step()).collect());
-        let bytes = (2 * LAYERS * KV_HEADS * keys * HEAD_DIM * 4) as f64;
+        let f32_bytes = (2 * LAYERS * KV_HEADS * keys * HEAD_DIM * 4) as f64;
         // Any values will do: the sum only reads them.
-        let flat: Vec<f32> = (0..bytes as usize / 4).map(|i| (i % 7) as f32).collect();
+        let flat: Vec<f32> = (0..f32_bytes as usize / 4)
+            .map(|i| (i % 7) as f32)
+            .collect();
         let stream = stream_rate(&flat);
-        let rate = bytes / t.as_secs_f64();
+        let mut times = Vec::new();
+        for (name, pools, bytes) in [
+            ("f32", &pools, f32_bytes),
+            ("f16", &half_pools, f32_bytes / 2.0),
+        ] {
+            step(pools);
+            let t = median((0..25).map(|_| step(pools)).collect());
+            let rate = bytes / t.as_secs_f64();
+            println!(
+                "{keys:>5} keys, {name} pool: {:.2} ms per step ({LAYERS} layers), K/V read at \
+                 {:.1} GB/s; streaming sum {:.1} GB/s; ratio {:.2}",
+                t.as_secs_f64() * 1e3,
+                rate / 1e9,
+                stream / 1e9,
+                rate / stream
+            );
+            times.push(t);
+        }
         println!(
-            "{keys:>5} keys: {:.2} ms per step ({LAYERS} layers), K/V read at {:.1} GB/s; \
-             streaming sum {:.1} GB/s; ratio {:.2}",
-            t.as_secs_f64() * 1e3,
-            rate / 1e9,
-            stream / 1e9,
-            rate / stream
+            "{keys:>5} keys: f16 pool step time / f32 pool step time {:.2}",
+            times[1].as_secs_f64() / times[0].as_secs_f64()
         );
     }
 }

@@ -24,9 +24,13 @@
 //! - **Batch invariance (CPU).** A row's result depends only on its query, its keys and whether
 //!   it is a prefill or a decode row: not on the other rows or sequences of the call, nor on how a
 //!   prefill is cut into chunks, nor on where its blocks sit in the pool (bit for bit, tested).
+//! - **f16 pools (CPU).** A pool layer whose burn-ndarray primitive is a `u16` array holds f16
+//!   bits (kvb-model's f16 pool); the CPU kernels read it as those values widened to f32, the
+//!   same bits as over an f32 pool holding them (tested). burn's reference ops cannot read it; a
+//!   pool the kernels cannot read in place is then an error, never a misread.
 //!
 //! Speed: `cargo bench -p kvb-attn --bench decode_attention` times a decode step over a long
-//! paged cache against the machine's streaming read rate, measured in the same run.
+//! paged cache, f32 and f16, against the machine's streaming read rate, measured in the same run.
 //!
 //! ```
 //! use burn::backend::NdArray;

@@ -3,8 +3,9 @@
 //! rows, arbitrary visible slots. On the CPU kernel a row's result is also independent of the
 //! rest of the batch, of where its blocks sit and of how its rows were chunked, bit for bit.
 
+use burn::backend::ndarray::NdArrayTensor;
 use burn::backend::NdArray;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 use kvb_attn::{paged_attention, AttentionBackend, AttnError, PagedBatch, PagedSeq};
 use proptest::prelude::*;
 
@@ -39,17 +40,45 @@ impl Case {
     }
 
     fn run(&self, f: PagedFn) -> Result<Vec<f32>, AttnError> {
+        let shape = [self.hkv, self.pool_blocks * self.bs, self.d];
+        let pool = |v: &[f32]| {
+            Tensor::<B, 3>::from_data(TensorData::new(v.to_vec(), shape), &Default::default())
+        };
+        self.run_on(f, (pool(&self.k), pool(&self.v)))
+    }
+
+    /// As [`Case::run`] over an f16 pool as kvb-model's CPU pool holds it (f16 bits in a `u16`
+    /// array) of the case's values rounded to f16.
+    fn run_f16(&self, f: PagedFn) -> Result<Vec<f32>, AttnError> {
+        let shape = [self.hkv, self.pool_blocks * self.bs, self.d];
+        let pool = |v: &[f32]| {
+            let bits: Vec<u16> = v
+                .iter()
+                .map(|&x| half::f16::from_f32(x).to_bits())
+                .collect();
+            let primitive = NdArrayTensor::from_data(TensorData::new(bits, shape));
+            Tensor::<B, 3>::from_primitive(TensorPrimitive::Float(primitive))
+        };
+        self.run_on(f, (pool(&self.k), pool(&self.v)))
+    }
+
+    /// The case with its K/V rounded to f16 (and held in f32).
+    fn rounded_to_f16(&self) -> Case {
+        let round = |v: &[f32]| v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect();
+        Case {
+            k: round(&self.k),
+            v: round(&self.v),
+            ..self.clone()
+        }
+    }
+
+    fn run_on(
+        &self,
+        f: PagedFn,
+        (kp, vp): (Tensor<B, 3>, Tensor<B, 3>),
+    ) -> Result<Vec<f32>, AttnError> {
         let dev = Default::default();
-        let slots = self.pool_blocks * self.bs;
         let rows = self.rows();
-        let kp = Tensor::<B, 3>::from_data(
-            TensorData::new(self.k.clone(), [self.hkv, slots, self.d]),
-            &dev,
-        );
-        let vp = Tensor::<B, 3>::from_data(
-            TensorData::new(self.v.clone(), [self.hkv, slots, self.d]),
-            &dev,
-        );
         let q = Tensor::<B, 4>::from_data(
             TensorData::new(self.q.clone(), [1, self.hq, rows, self.d]),
             &dev,
@@ -300,6 +329,27 @@ proptest! {
             chunked.extend(kernel_rows(&second, kernel));
             prop_assert_eq!(bits(&chunked), bits(&all[..rows0 * width]));
         }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// The CPU kernel over an f16 pool gives the bits it gives over an f32 pool holding the same
+    /// values widened: prefill and decode rows, scattered and consecutive blocks, shared ones.
+    #[test]
+    fn an_f16_pool_reads_as_its_values_widened(
+        shape in shapes(),
+        lens in prop::collection::vec((1usize..300, 1usize..80, any::<bool>()), 1..5),
+        shared in 0usize..10,
+        scatter in any::<bool>(),
+        seed in 0u64..1000,
+    ) {
+        let kernel = IMPLEMENTATIONS[1];
+        let c = case(shape, &lens, shared, scatter, seed);
+        let want = c.rounded_to_f16().run(kernel).unwrap();
+        let got = c.run_f16(kernel).unwrap();
+        prop_assert_eq!(bits(&got), bits(&want));
     }
 }
 

@@ -2,13 +2,13 @@
 //! [`GenerateOptions::default`]); the command line reads its defaults from them.
 
 use kvb_model::generate::SamplingParams;
-use kvb_model::WeightPrecision;
+use kvb_model::{Model, ModelBackend, PoolPrecision, WeightPrecision};
 use kvb_quant::{Bits, QuantConfig};
 use kvb_repair::RecomputeStrategy;
 use kvb_store::{EvictionPolicy, KvFormat};
 use std::path::PathBuf;
 
-/// The precision of the K/V the chunk store keeps (the pool always holds what the model computed).
+/// The precision of the K/V the chunk store keeps (the pool's own is [`PoolDtype`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum KvPrecision {
     /// As computed (f32): exact reuse.
@@ -83,6 +83,70 @@ impl std::str::FromStr for KvPrecision {
     }
 }
 
+/// The element type of the engine's K/V pool (what decode reads every step).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PoolDtype {
+    /// f16 where the backend holds it and the weights are quantized to integers (a GGUF's
+    /// Q4/Q8 blocks: the model's own rounding dwarfs f16's, and llama.cpp caches f16 too); f32
+    /// otherwise, so an f32 or 16-bit model keeps K/V as computed.
+    #[default]
+    Auto,
+    /// As computed.
+    F32,
+    /// Half the memory and half the bytes a long decode step reads (CPU backend).
+    F16,
+}
+
+impl PoolDtype {
+    /// The names `FromStr` reads.
+    pub const NAMES: [&'static str; 3] = ["auto", "f32", "f16"];
+
+    /// The precision a pool holds for `model` on backend `B`.
+    pub fn resolve<B: ModelBackend>(self, model: &Model<B>) -> PoolPrecision {
+        match self {
+            PoolDtype::F32 => PoolPrecision::F32,
+            PoolDtype::F16 => PoolPrecision::F16,
+            PoolDtype::Auto
+                if B::holds_pool_precision(PoolPrecision::F16) && model.has_quantized_weights() =>
+            {
+                PoolPrecision::F16
+            }
+            PoolDtype::Auto => PoolPrecision::F32,
+        }
+    }
+}
+
+impl std::fmt::Display for PoolDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PoolDtype::Auto => "auto",
+            PoolDtype::F32 => "f32",
+            PoolDtype::F16 => "f16",
+        })
+    }
+}
+
+impl std::str::FromStr for PoolDtype {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(PoolDtype::Auto),
+            other => other
+                .parse::<PoolPrecision>()
+                .map(|p| match p {
+                    PoolPrecision::F32 => PoolDtype::F32,
+                    PoolPrecision::F16 => PoolDtype::F16,
+                })
+                .map_err(|_| {
+                    format!(
+                        "unknown K/V pool precision `{other}` (expected one of {})",
+                        PoolDtype::NAMES.join(", ")
+                    )
+                }),
+        }
+    }
+}
+
 /// Settings of an [`crate::Engine`], after kvboost's `from_pretrained` keywords.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -118,6 +182,8 @@ pub struct EngineConfig {
     pub weights: WeightPrecision,
     /// Token slots per block of the K/V pool (a power of two).
     pub block_size: usize,
+    /// The element type of the K/V pool.
+    pub pool_dtype: PoolDtype,
     /// Byte budget of the K/V pool (`None`: a quarter of the machine's memory, see
     /// [`default_pool_bytes`]).
     pub max_pool_bytes: Option<usize>,
@@ -160,6 +226,7 @@ impl Default for EngineConfig {
             strict: true,
             weights: WeightPrecision::Auto,
             block_size: 32,
+            pool_dtype: PoolDtype::Auto,
             max_pool_bytes: None,
             keep_resident: true,
             reuse_repaired: true,

@@ -1,7 +1,7 @@
 //! [`Engine`]: a model, its tokenizer, a K/V pool and a chunk store, serving requests from any
 //! number of threads through one scheduler.
 
-use crate::config::{EngineConfig, GenerateOptions, GenerationMode};
+use crate::config::{EngineConfig, GenerateOptions, GenerationMode, KvPrecision};
 use crate::fingerprint::model_fingerprint;
 use crate::request::{Request, RequestHandle, RequestState, Sink};
 use crate::result::{GenerationResult, PoolStats, WarmResult};
@@ -12,8 +12,10 @@ use crossbeam::channel::{unbounded, Sender};
 use kvb_chunk::{boundary_tokens, ChunkConfig, ChunkStrategy};
 use kvb_hash::Namespace;
 use kvb_model::generate::{eos_ids, Continuation, GenerateParams, StreamEvent};
-use kvb_model::{load_pretrained, KvPool, LoadOptions, Model, ModelBackend, Tokenizer};
-use kvb_store::{ChunkStore, DiskConfig, StoreConfig, StoreStats};
+use kvb_model::{
+    load_pretrained, KvPool, LoadOptions, Model, ModelBackend, PoolPrecision, Tokenizer,
+};
+use kvb_store::{ChunkStore, DiskConfig, KvFormat, StoreConfig, StoreStats};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -28,6 +30,9 @@ pub(crate) struct Shared<B: ModelBackend> {
     pub namespace: Namespace,
     pub chunking: ChunkConfig,
     pub config: EngineConfig,
+    /// How the store keeps K/V ([`EngineConfig::kv_precision`], or f16 for "as computed" from
+    /// an f16 pool: the same values at half the bytes).
+    pub store_format: KvFormat,
     pub eos: Vec<u32>,
     /// Written by the scheduler after each step.
     pub stats: Mutex<PoolStats>,
@@ -43,6 +48,9 @@ pub struct Engine<B: ModelBackend> {
     worker: Option<JoinHandle<()>>,
     next_id: AtomicU64,
     max_blocks: usize,
+    /// What the pool holds, and so what one block of it weighs.
+    pool_precision: PoolPrecision,
+    block_bytes: usize,
 }
 
 impl<B: ModelBackend> Engine<B> {
@@ -89,9 +97,12 @@ impl<B: ModelBackend> Engine<B> {
             min_tail: config.min_tail,
             strategy,
         };
+        // The pool's precision decides the K/V every sequence computes (attention reads it back),
+        // so two precisions never share a key.
+        let precision = config.pool_dtype.resolve(&model);
         let namespace = Namespace::builder()
             .model_fingerprint(fingerprint)
-            .dtype("f32")
+            .dtype(precision.as_str())
             .chunking(&chunking.describe())
             .extra("kv_precision", config.kv_precision.as_str())
             .build();
@@ -105,7 +116,8 @@ impl<B: ModelBackend> Engine<B> {
         })?;
         let c = model.config();
         let shape = (c.num_kv_heads, c.head_dim);
-        let block_bytes = KvPool::<B>::bytes_per_block(c.num_layers, shape, config.block_size);
+        let block_bytes =
+            KvPool::<B>::bytes_per_block(c.num_layers, shape, config.block_size, precision);
         let max_blocks = config.pool_bytes() / block_bytes;
         if max_blocks == 0 {
             return Err(EngineError::Config(format!(
@@ -115,8 +127,19 @@ impl<B: ModelBackend> Engine<B> {
                 config.block_size
             )));
         }
-        let pool = KvPool::<B>::new(c.num_layers, shape, config.block_size, 0, model.device())?;
+        let pool = KvPool::<B>::with_precision(
+            precision,
+            c.num_layers,
+            shape,
+            config.block_size,
+            0,
+            model.device(),
+        )?;
         let eos = eos_ids(&c.eos_token_ids, &tokenizer);
+        let store_format = match (config.kv_precision, precision) {
+            (KvPrecision::F32, PoolPrecision::F16) => KvFormat::F16,
+            (stored, _) => stored.format(),
+        };
         let shared = Arc::new(Shared {
             model,
             tokenizer,
@@ -124,6 +147,7 @@ impl<B: ModelBackend> Engine<B> {
             namespace,
             chunking,
             config,
+            store_format,
             eos,
             stats: Mutex::new(PoolStats::default()),
         });
@@ -142,6 +166,8 @@ impl<B: ModelBackend> Engine<B> {
             worker: Some(worker),
             next_id: AtomicU64::new(1),
             max_blocks,
+            pool_precision: precision,
+            block_bytes,
         })
     }
 
@@ -158,6 +184,11 @@ impl<B: ModelBackend> Engine<B> {
     /// The engine's settings.
     pub fn config(&self) -> &EngineConfig {
         &self.shared.config
+    }
+
+    /// The element type of the K/V pool (the configured [`crate::PoolDtype`], resolved).
+    pub fn pool_precision(&self) -> PoolPrecision {
+        self.pool_precision
     }
 
     /// The namespace every key of this engine is derived from.
@@ -180,13 +211,8 @@ impl<B: ModelBackend> Engine<B> {
             .clone();
         // Before the first step nothing is published yet; the shape is known.
         if s.blocks_total == 0 {
-            let c = self.shared.model.config();
             s.block_size = self.shared.config.block_size;
-            s.block_bytes = KvPool::<B>::bytes_per_block(
-                c.num_layers,
-                (c.num_kv_heads, c.head_dim),
-                s.block_size,
-            );
+            s.block_bytes = self.block_bytes;
             s.blocks_total = self.max_blocks;
         }
         s

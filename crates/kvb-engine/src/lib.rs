@@ -55,7 +55,9 @@ pub mod scheduler;
 mod sequence;
 mod store_write;
 
-pub use config::{default_pool_bytes, EngineConfig, GenerateOptions, GenerationMode, KvPrecision};
+pub use config::{
+    default_pool_bytes, EngineConfig, GenerateOptions, GenerationMode, KvPrecision, PoolDtype,
+};
 pub use engine::Engine;
 pub use fidelity::{kl_divergence, token_agreement, FidelityReport};
 pub use fingerprint::model_fingerprint;

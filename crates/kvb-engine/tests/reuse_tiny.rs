@@ -7,20 +7,28 @@ mod common;
 
 use common::{around, config, engine, max_abs_diff, opts, prompt, same_bits, tiny, FAMILIES};
 use kvb_engine::{
-    Engine, EngineConfig, EngineError, GenerationMode, KvPrecision, RecomputeStrategy,
+    Engine, EngineConfig, EngineError, GenerationMode, KvPrecision, PoolDtype, RecomputeStrategy,
 };
 use kvb_model::backends::Cpu;
+use kvb_model::PoolPrecision;
 
 #[test]
 fn prefix_reuse_is_bit_identical_to_baseline_on_every_family() {
     // Resident: hits come from the pool's blocks (a block matched in part is copied). Not
-    // resident: every hit reads the chunk store.
-    for keep_resident in [true, false] {
+    // resident: every hit reads the chunk store. An f16 pool rounds every K/V it holds, Baseline's
+    // too, so reuse stays exact within it (the store keeps its values as f16).
+    for (keep_resident, pool_dtype) in [
+        (true, PoolDtype::F32),
+        (false, PoolDtype::F32),
+        (true, PoolDtype::F16),
+        (false, PoolDtype::F16),
+    ] {
         for family in FAMILIES {
             let e = engine(
                 family,
                 EngineConfig {
                     keep_resident,
+                    pool_dtype,
                     ..config()
                 },
             );
@@ -38,7 +46,9 @@ fn prefix_reuse_is_bit_identical_to_baseline_on_every_family() {
                 let reuse = e
                     .generate_tokens(&p, &opts(GenerationMode::ChunkReuse, 12), &mut |_| {})
                     .unwrap();
-                let what = format!("{family}, resident {keep_resident}, {shared} shared");
+                let what = format!(
+                    "{family}, {pool_dtype} pool, resident {keep_resident}, {shared} shared"
+                );
                 assert!(
                     reuse.cached_tokens >= shared,
                     "{what}: {} cached",
@@ -435,6 +445,22 @@ fn warm_stores_in_context_chunks_and_keys_never_mix_settings() {
         );
         assert_ne!(e.namespace().id(), q.namespace().id(), "{precision}");
     }
+    // The tiny models' weights are f32: `auto` keeps an f32 pool. An f16 pool holds other K/V
+    // (other keys) in half the bytes per block.
+    let half = engine(
+        "llama",
+        EngineConfig {
+            pool_dtype: PoolDtype::F16,
+            ..config()
+        },
+    );
+    assert_eq!(e.pool_precision(), PoolPrecision::F32);
+    assert_eq!(half.pool_precision(), PoolPrecision::F16);
+    assert_ne!(e.namespace().id(), half.namespace().id());
+    assert_eq!(
+        2 * half.paged_stats().block_bytes,
+        e.paged_stats().block_bytes
+    );
 }
 
 #[test]

@@ -5,10 +5,12 @@
 //! sequence owns, in what order (its *block table*), and who else reads them is the caller's
 //! business: kvb-engine's block manager for many sequences, [`crate::KvCache`] for one. The pool
 //! only stores values and moves them: writes land in place (the pool owns its tensors alone), a
-//! read gathers the slots asked for.
+//! read gathers the slots asked for. A pool holds f32, or f16 ([`PoolPrecision`]) where the
+//! backend can (the CPU): half the memory, and half the bytes every decode step reads.
 
 use crate::error::{ModelError, Result};
-use crate::model::{pool_read, HostKv, ModelBackend};
+use crate::model::{HostKv, ModelBackend};
+use crate::pool_precision::PoolPrecision;
 use burn::tensor::Tensor;
 
 /// K and V of one layer: `[kv_heads, slots, head_dim]` each.
@@ -23,13 +25,34 @@ pub struct KvPool<B: ModelBackend> {
     blocks: usize,
     kv_heads: usize,
     head_dim: usize,
+    precision: PoolPrecision,
     device: B::Device,
 }
 
 impl<B: ModelBackend> KvPool<B> {
     /// A pool of `blocks` blocks of `block_size` slots for `num_layers` layers of `kv_heads` heads
-    /// of `head_dim` (zeroed; on the CPU its pages are mapped as blocks are first written).
+    /// of `head_dim`, holding f32 (zeroed; on the CPU its pages are mapped as blocks are first
+    /// written).
     pub fn new(
+        num_layers: usize,
+        head_shape: (usize, usize),
+        block_size: usize,
+        blocks: usize,
+        device: &B::Device,
+    ) -> Result<Self> {
+        Self::with_precision(
+            PoolPrecision::F32,
+            num_layers,
+            head_shape,
+            block_size,
+            blocks,
+            device,
+        )
+    }
+
+    /// As [`KvPool::new`], holding values in `precision` (an error where the backend cannot).
+    pub fn with_precision(
+        precision: PoolPrecision,
         num_layers: usize,
         (kv_heads, head_dim): (usize, usize),
         block_size: usize,
@@ -41,17 +64,27 @@ impl<B: ModelBackend> KvPool<B> {
                 "a K/V block needs at least one slot".into(),
             ));
         }
+        if !B::holds_pool_precision(precision) {
+            return Err(ModelError::Forward(format!(
+                "this backend holds no {precision} K/V pool (f16 is implemented on the CPU; use f32)"
+            )));
+        }
         let shape = [kv_heads, blocks * block_size, head_dim];
+        let zeros = || B::pool_zeros(shape, precision, device);
         Ok(KvPool {
-            layers: (0..num_layers)
-                .map(|_| Some((B::pool_zeros(shape, device), B::pool_zeros(shape, device))))
-                .collect(),
+            layers: (0..num_layers).map(|_| Some((zeros(), zeros()))).collect(),
             block_size,
             blocks,
             kv_heads,
             head_dim,
+            precision,
             device: device.clone(),
         })
+    }
+
+    /// The element type the pool holds.
+    pub fn precision(&self) -> PoolPrecision {
+        self.precision
     }
 
     /// Slots per block.
@@ -79,21 +112,29 @@ impl<B: ModelBackend> KvPool<B> {
         &self.device
     }
 
-    /// Bytes of K/V one block holds over every layer (f32).
+    /// Bytes of K/V one block holds over every layer.
     pub fn block_bytes(&self) -> usize {
-        Self::bytes_per_block(self.layers.len(), self.head_shape(), self.block_size)
+        Self::bytes_per_block(
+            self.layers.len(),
+            self.head_shape(),
+            self.block_size,
+            self.precision,
+        )
     }
 
-    /// Bytes of K/V one block of `block_size` slots holds, for a model's shape.
+    /// Bytes of K/V one block of `block_size` slots holds in `precision`, for a model's shape.
     pub fn bytes_per_block(
         num_layers: usize,
         (kv_heads, head_dim): (usize, usize),
         block_size: usize,
+        precision: PoolPrecision,
     ) -> usize {
-        2 * num_layers * kv_heads * block_size * head_dim * std::mem::size_of::<f32>()
+        2 * num_layers * kv_heads * block_size * head_dim * precision.bytes()
     }
 
-    /// K and V of `layer`: `[kv_heads, slots, head_dim]`.
+    /// K and V of `layer` as the pool holds them: `[kv_heads, slots, head_dim]`. An f16 pool's
+    /// layers on the CPU carry f16 bits that only the backend's pool and attention ops read;
+    /// [`KvPool::read`] gives f32 values anywhere.
     pub fn layer(&self, layer: usize) -> Result<(&Tensor<B, 3>, &Tensor<B, 3>)> {
         match self.layers.get(layer) {
             Some(Some((k, v))) => Ok((k, v)),
@@ -110,20 +151,12 @@ impl<B: ModelBackend> KvPool<B> {
         if blocks <= self.blocks {
             return;
         }
-        let (h, d) = (self.kv_heads, self.head_dim);
-        let (old, new) = (self.blocks * self.block_size, blocks * self.block_size);
+        let slots = blocks * self.block_size;
         for slot in self.layers.iter_mut() {
             let (k, v) = slot
                 .take()
                 .expect("a layer is only taken inside a method that puts it back");
-            let grow = |t: Tensor<B, 3>| {
-                let fresh = B::pool_zeros([h, new, d], &self.device);
-                if old == 0 {
-                    fresh
-                } else {
-                    fresh.slice_assign([0..h, 0..old, 0..d], t)
-                }
-            };
+            let grow = |t: Tensor<B, 3>| B::pool_grow(t, slots, self.precision);
             *slot = Some((grow(k), grow(v)));
         }
         self.blocks = blocks;
@@ -211,11 +244,11 @@ impl<B: ModelBackend> KvPool<B> {
         Ok(())
     }
 
-    /// K and V of `layer` at pool slots `slots`: `[kv_heads, n, head_dim]` each.
+    /// K and V of `layer` at pool slots `slots`, as f32: `[kv_heads, n, head_dim]` each.
     pub fn read(&self, layer: usize, slots: &[usize]) -> Result<(Tensor<B, 3>, Tensor<B, 3>)> {
         self.check_slots(layer, slots, None)?;
         let (k, v) = self.layer(layer)?;
-        Ok((pool_read(k, slots), pool_read(v, slots)))
+        Ok((B::pool_gather(k, slots), B::pool_gather(v, slots)))
     }
 
     /// As [`KvPool::read`], on the host: `[kv_heads, n, head_dim]` each.
@@ -327,14 +360,63 @@ mod tests {
     use super::*;
     use burn::tensor::TensorData;
     type Cpu = burn::backend::NdArray<f32>;
+    const BOTH: [PoolPrecision; 2] = [PoolPrecision::F32, PoolPrecision::F16];
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(32))]
+        /// What a pool gives back is what was written, rounded to its precision (f16: to
+        /// nearest even, exactly `half`'s rounding), through the host and the tensor read alike,
+        /// and after the pool grows; slots never written read as zero.
+        #[test]
+        fn reads_give_the_written_values_in_the_pools_precision(
+            f16 in proptest::prelude::any::<bool>(), seed in 0u32..1000, grow in 0usize..3,
+        ) {
+            let precision = if f16 { PoolPrecision::F16 } else { PoolPrecision::F32 };
+            let dev = Default::default();
+            let (h, d, bs) = (2, 8, 4);
+            let mut pool = KvPool::<Cpu>::with_precision(precision, 2, (h, d), bs, 3, &dev).unwrap();
+            let slots = [1usize, 2, 3, 8, 11];
+            let n = slots.len();
+            let val = |i: usize| {
+                let x = (i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8;
+                (x % 20001) as f32 / 997.0 - 10.0
+            };
+            let k: Vec<f32> = (0..h * n * d).map(val).collect();
+            let v: Vec<f32> = (0..h * n * d).map(|i| val(i + 5000)).collect();
+            let tensor = |x: &[f32]| Tensor::<Cpu, 3>::from_data(TensorData::new(x.to_vec(), [h, n, d]), &dev);
+            pool.write(1, &slots, tensor(&k), tensor(&v)).unwrap();
+            pool.grow(3 + grow);
+            let round = |x: &[f32]| -> Vec<f32> {
+                match precision {
+                    PoolPrecision::F32 => x.to_vec(),
+                    PoolPrecision::F16 => x.iter().map(|&y| half::f16::from_f32(y).to_f32()).collect(),
+                }
+            };
+            let (hk, hv) = pool.read_host(1, &slots).unwrap();
+            proptest::prop_assert_eq!(&hk, &round(&k));
+            proptest::prop_assert_eq!(&hv, &round(&v));
+            let (tk, _) = pool.read(1, &slots).unwrap();
+            proptest::prop_assert_eq!(tk.into_data().to_vec::<f32>().unwrap(), round(&k));
+            let (untouched, _) = pool.read_host(0, &slots).unwrap();
+            proptest::prop_assert!(untouched.iter().all(|&x| x == 0.0));
+            proptest::prop_assert_eq!(pool.block_bytes(), 2 * 2 * h * bs * d * precision.bytes());
+        }
+    }
 
     /// A block's copy-on-write: the copied slots hold the source's values in every layer, K and V,
     /// and no other slot changes (the CPU's in-place copy against the generic gather + write).
     #[test]
     fn copy_slots_copies_exactly_the_given_slots() {
+        for precision in BOTH {
+            copy_slots_in(precision);
+        }
+    }
+
+    fn copy_slots_in(precision: PoolPrecision) {
         let dev = Default::default();
         let (layers, h, d, bs) = (3, 2, 4, 4);
-        let mut pool = KvPool::<Cpu>::new(layers, (h, d), bs, 4, &dev).unwrap();
+        let mut pool =
+            KvPool::<Cpu>::with_precision(precision, layers, (h, d), bs, 4, &dev).unwrap();
         let slots: Vec<usize> = (0..16).collect();
         for layer in 0..layers {
             let val = |salt: usize| {
@@ -377,9 +459,16 @@ mod tests {
     /// K and V in every layer, and a block beyond the pool is an error.
     #[test]
     fn prefault_leaves_other_blocks_alone() {
+        for precision in BOTH {
+            prefault_in(precision);
+        }
+    }
+
+    fn prefault_in(precision: PoolPrecision) {
         let dev = Default::default();
         let (layers, h, d, bs, blocks) = (2, 3, 4, 4, 4);
-        let mut pool = KvPool::<Cpu>::new(layers, (h, d), bs, blocks, &dev).unwrap();
+        let mut pool =
+            KvPool::<Cpu>::with_precision(precision, layers, (h, d), bs, blocks, &dev).unwrap();
         let every: Vec<usize> = (0..bs * blocks).collect();
         for layer in 0..layers {
             let val = |salt: usize| {
@@ -413,6 +502,12 @@ mod tests {
     /// writing layer after layer does, and checks every layer's input first.
     #[test]
     fn write_host_all_equals_writing_each_layer() {
+        for precision in BOTH {
+            write_host_all_in(precision);
+        }
+    }
+
+    fn write_host_all_in(precision: PoolPrecision) {
         let dev = Default::default();
         let (layers, h, d, bs, tokens) = (4, 2, 4, 4, 7);
         let data: Vec<Vec<f32>> = (0..2 * layers)
@@ -428,8 +523,9 @@ mod tests {
             first: 2,
         };
         let slots = [5usize, 6, 7, 12, 13];
-        let mut all = KvPool::<Cpu>::new(layers, (h, d), bs, 4, &dev).unwrap();
-        let mut each = KvPool::<Cpu>::new(layers, (h, d), bs, 4, &dev).unwrap();
+        let pool =
+            || KvPool::<Cpu>::with_precision(precision, layers, (h, d), bs, 4, &dev).unwrap();
+        let (mut all, mut each) = (pool(), pool());
         let srcs: Vec<(HostKv, HostKv)> = (0..layers).map(|l| (src(l, 0), src(l, 1))).collect();
         all.write_host_all(&slots, &srcs).unwrap();
         for (l, (k, v)) in srcs.iter().enumerate() {

@@ -14,7 +14,7 @@
 //! | tokenizer and chat templates | [`tokenizer`] |
 //! | RoPE at arbitrary positions, re-rotation of cached keys | [`rope`] |
 //! | the transformer and its forward pass over ragged batches | [`model`] |
-//! | K/V in blocks shared by many sequences; one sequence's cache | [`kv_pool`], [`kv_cache`] |
+//! | K/V in blocks shared by many sequences (f32, or f16 on the CPU); one sequence's cache | [`kv_pool`], [`PoolPrecision`], [`kv_cache`] |
 //! | greedy and sampled generation with streaming | [`generate`] |
 //! | the embedded default model (SmolLM2-135M-Instruct) | [`fetch`] |
 //!
@@ -29,6 +29,9 @@
 //!   logits as run alone, bit for bit on the CPU (`tests/batched.rs`);
 //! - weights kept packed compute the bits their f32 expansion computes (`tests/packed_weights.rs`,
 //!   and SmolLM2's GGUF against its converted folder in `tests/golden_smollm2.rs`);
+//! - an f16 pool gives back exactly what was written, rounded to nearest even, and attention over
+//!   it equals attention over those values widened to f32, bit for bit ([`kv_pool`]'s tests,
+//!   kvb-attn's `paged_matches_naive.rs`);
 //! - re-rotating keys from position p to q equals encoding them at q ([`rope`]);
 //! - malformed configs, checkpoints and GGUF files are errors naming the problem, never panics.
 //!
@@ -54,6 +57,7 @@ pub mod kv_cache;
 pub mod kv_pool;
 pub mod model;
 pub mod packed;
+pub mod pool_precision;
 mod pretrained;
 pub mod rope;
 pub mod tokenizer;
@@ -64,6 +68,7 @@ pub use error::{ModelError, Result};
 pub use kv_cache::KvCache;
 pub use kv_pool::KvPool;
 pub use model::{ForwardBatch, HostKv, LogitsFor, Model, ModelBackend, SeqRows, WeightPrecision};
+pub use pool_precision::PoolPrecision;
 pub use pretrained::{
     detect_format, load_config, load_pretrained, LoadOptions, ModelFormat, Pretrained,
 };

@@ -75,8 +75,9 @@ pub fn load_engine<B: ModelBackend>(
     let engine = Engine::new(m.model, m.tokenizer, &fingerprint, config)?;
     let p = engine.paged_stats();
     eprintln!(
-        "K/V pool: {:.2} GiB, {} blocks of {} tokens ({} tokens of K/V){}",
+        "K/V pool: {:.2} GiB of {}, {} blocks of {} tokens ({} tokens of K/V){}",
         p.bytes_total() as f64 / (1u64 << 30) as f64,
+        engine.pool_precision(),
         p.blocks_total,
         p.block_size,
         p.blocks_total * p.block_size,

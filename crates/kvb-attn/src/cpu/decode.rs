@@ -13,6 +13,7 @@
 //! grid, never on which other rows share the step (batch invariance).
 
 use super::decode_math::{DecodeMath, Heads, Portable};
+use super::pool_view::PoolView;
 use super::view::View;
 use crate::fastmath::fast_exp;
 use rayon::prelude::*;
@@ -29,10 +30,11 @@ pub(crate) struct DecodeRow<'a> {
     pub last: usize,
 }
 
-/// The pool of one layer: `[kv_heads, slots, head_dim]`, head_dim contiguous.
+/// The pool of one layer: `[kv_heads, slots, head_dim]`, head_dim contiguous, slots `head_dim`
+/// apart.
 pub(crate) struct Pool {
-    pub k: View<3>,
-    pub v: View<3>,
+    pub k: PoolView,
+    pub v: PoolView,
     pub block_size: usize,
 }
 
@@ -91,11 +93,11 @@ fn segment<M: DecodeMath>(
     }
     let mut scores = vec![0f32; rows.len() * group * TILE];
     let mut readers: Vec<(u32, usize)> = Vec::with_capacity(rows.len());
-    // SAFETY (both closures): `physical` and the `len` keys after it lie in one block inside the
-    // pool (checked by `check_paged`), head_dim contiguous; q is [1, hq, n, d] with d contiguous.
-    let key_rows = |physical: usize, len: usize, view: &View<3>| unsafe {
-        std::slice::from_raw_parts(view.at([kh, physical, 0]), len * d)
-    };
+    // An f16 pool's keys or values of one block run, widened (at most a tile's worth).
+    let mut widened = vec![0f32; TILE.min(bs) * d];
+    // SAFETY (here and at both `slots` calls below): `physical` and the `len` keys after it lie
+    // in one block inside the pool (checked by `check_paged`), head_dim contiguous; q is
+    // [1, hq, n, d] with d contiguous.
     let query = |row: usize, g: usize| unsafe {
         std::slice::from_raw_parts(q.at([0, kh * group + g, row, 0]), d)
     };
@@ -107,7 +109,7 @@ fn segment<M: DecodeMath>(
             tile,
             &mut readers,
             |key, len, physical, readers| {
-                let keys = key_rows(physical, len, &pool.k);
+                let keys = unsafe { pool.k.slots((kh, physical, len), d, &mut widened) };
                 for &(_, r) in readers {
                     let visible = (rows[r].last + 1 - key).min(len);
                     let heads = Heads {
@@ -149,7 +151,7 @@ fn segment<M: DecodeMath>(
             tile,
             &mut readers,
             |key, len, physical, readers| {
-                let values = key_rows(physical, len, &pool.v);
+                let values = unsafe { pool.v.slots((kh, physical, len), d, &mut widened) };
                 for &(_, r) in readers {
                     let visible = (rows[r].last + 1 - key).min(len);
                     let p = &scores[r * group * TILE + key - t0..];

@@ -1,4 +1,4 @@
-//! CPU attention kernels for burn-ndarray (f32).
+//! CPU attention kernels for burn-ndarray (f32 compute; K/V pools in f32 or f16).
 //!
 //! The reference materialises every score (`[heads, n, t]`: 150 MB per layer at 2,048 tokens) and
 //! runs burn's multi-pass softmax over it; measured on SmolLM2's shapes, that took 830 ms per layer
@@ -9,10 +9,13 @@
 //!
 //! Paged K/V is read in place wherever a tile's keys sit in consecutive pool slots (a sequence's
 //! blocks are allocated in runs); a tile that spans scattered blocks is first gathered into a
-//! scratch tile. Either way the arithmetic is the same.
+//! scratch tile. Either way the arithmetic is the same. A pool may also hold f16 (as the bits in a
+//! `u16` array, [`pool_view`]): its keys and values are widened to f32 on the way in, exactly, and
+//! the same arithmetic follows.
 
 mod decode;
 mod decode_math;
+mod pool_view;
 mod tile;
 mod view;
 
@@ -24,6 +27,7 @@ use crate::{paged, AttnError};
 use burn::tensor::{Bool, Tensor};
 use burn_ndarray::NdArray;
 use decode::{decode_attention, DecodeRow, Pool};
+use pool_view::PoolView;
 use rayon::prelude::*;
 use tile::{attend_rows, KvTile, RowVisibility, Rows, KEY_BLOCK, QUERY_BLOCK};
 use view::{primitive, tensor, View};
@@ -79,10 +83,11 @@ fn dense((q, k, v): (View<4>, View<4>, View<4>), mask: &Mask, dims: &Dims, scale
     out
 }
 
-/// Keys `j0..j0 + w` of kv head `kh` of a paged sequence: in place when their pool slots are
-/// consecutive, else gathered into `scratch` (`[2, KEY_BLOCK, d]`).
+/// Keys `j0..j0 + w` of kv head `kh` of a paged sequence: in place when the pool holds f32 and
+/// their pool slots are consecutive, else gathered (and widened from f16) into `scratch`
+/// (`[2, KEY_BLOCK, d]`).
 fn paged_tile(
-    (k, v): (View<3>, View<3>),
+    (k, v): (PoolView, PoolView),
     seq: &PagedSeq,
     bs: usize,
     (kh, d): (usize, usize),
@@ -91,7 +96,7 @@ fn paged_tile(
 ) -> KvTile {
     let first = seq.pool_slot(j0, bs);
     let contiguous = (j0 / bs..(j0 + w - 1) / bs).all(|b| seq.blocks[b + 1] == seq.blocks[b] + 1);
-    if contiguous {
+    if let (true, Some(k), Some(v)) = (contiguous, k.as_f32(), v.as_f32()) {
         return KvTile {
             k: k.at([kh, first, 0]),
             k_row: k.strides[1],
@@ -102,15 +107,19 @@ fn paged_tile(
         };
     }
     let (ks, vs) = scratch.split_at_mut(KEY_BLOCK * d);
-    for j in 0..w {
+    let mut j = 0;
+    while j < w {
+        // The rest of this key's block, within the tile: consecutive pool slots.
         let slot = seq.pool_slot(j0 + j, bs);
-        // SAFETY: the slot lies in the pool (checked by `check_paged`); d contiguous values.
+        let run = (bs - (j0 + j) % bs).min(w - j);
+        let (kd, vd) = (&mut ks[j * d..(j + run) * d], &mut vs[j * d..(j + run) * d]);
+        // SAFETY: the run lies in one block of the pool (checked by `check_paged`); d contiguous
+        // values per slot, slots d apart (checked by the caller).
         unsafe {
-            ks[j * d..(j + 1) * d]
-                .copy_from_slice(std::slice::from_raw_parts(k.at([kh, slot, 0]), d));
-            vs[j * d..(j + 1) * d]
-                .copy_from_slice(std::slice::from_raw_parts(v.at([kh, slot, 0]), d));
+            k.read_into((kh, slot, run), d, kd);
+            v.read_into((kh, slot, run), d, vd);
         }
+        j += run;
     }
     KvTile {
         k: ks.as_ptr(),
@@ -126,7 +135,7 @@ fn paged_tile(
 /// q_heads, d]` into `out`.
 fn paged_prefill(
     q: View<4>,
-    (k, v): (View<3>, View<3>),
+    (k, v): (PoolView, PoolView),
     batch: &PagedBatch,
     dims: &PagedDims,
     scale: f32,
@@ -184,6 +193,25 @@ fn paged_prefill(
     }
 }
 
+/// burn's reference ops, for a pool or queries the kernels cannot read in place. They cannot read
+/// an f16 pool (f16 bits in a `u16` array) at all: that is an error, not a wrong answer.
+fn fallback(
+    q: Tensor<NdArray<f32>, 4>,
+    (k_pool, v_pool): (&Tensor<NdArray<f32>, 3>, &Tensor<NdArray<f32>, 3>),
+    batch: &PagedBatch,
+    scale: f32,
+) -> Result<Tensor<NdArray<f32>, 2>, AttnError> {
+    let f16_bits = |t: &Tensor<NdArray<f32>, 3>| {
+        matches!(primitive(t), Some(burn_ndarray::NdArrayTensor::U16(_)))
+    };
+    if f16_bits(k_pool) || f16_bits(v_pool) {
+        return Err(AttnError::Shape(
+            "an f16 K/V pool must be contiguous ([kv_heads, slots, head_dim])".into(),
+        ));
+    }
+    paged::paged_attention(q, k_pool, v_pool, batch, scale)
+}
+
 impl AttentionBackend for NdArray<f32> {
     fn attention(
         q: Tensor<Self, 4>,
@@ -222,19 +250,18 @@ impl AttentionBackend for NdArray<f32> {
     ) -> Result<Tensor<Self, 2>, AttnError> {
         let dims = check_paged(q.dims(), k_pool.dims(), v_pool.dims(), batch)?;
         let d = dims.head_dim;
-        let fallback = || paged::paged_attention(q.clone(), k_pool, v_pool, batch, scale);
         let (Some(qp), Some(kp), Some(vp)) = (primitive(&q), primitive(k_pool), primitive(v_pool))
         else {
-            return fallback();
+            return paged::paged_attention(q, k_pool, v_pool, batch, scale);
         };
-        let (Some(qv), Some(kv), Some(vv)) =
-            (View::<4>::of(&qp), View::<3>::of(&kp), View::<3>::of(&vp))
-        else {
-            return fallback();
+        let views = (View::<4>::of(&qp), PoolView::of(&kp), PoolView::of(&vp));
+        // The kernels read head_dim contiguously, and a pool's slots one after another.
+        let (Some(qv), Some(kv), Some(vv)) = views else {
+            return fallback(q, (k_pool, v_pool), batch, scale);
         };
-        // The kernels read head_dim contiguously.
-        if qv.strides[3] != 1 || kv.strides[2] != 1 || vv.strides[2] != 1 {
-            return fallback();
+        let packed = |p: &PoolView| p.strides()[1..] == [d as isize, 1];
+        if qv.strides[3] != 1 || !packed(&kv) || !packed(&vv) {
+            return fallback(q, (k_pool, v_pool), batch, scale);
         }
         let mut out = vec![0f32; dims.rows * dims.q_heads * d];
         paged_prefill(qv, (kv, vv), batch, &dims, scale, &mut out);

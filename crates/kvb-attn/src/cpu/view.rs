@@ -2,18 +2,19 @@
 
 use burn::tensor::{Tensor, TensorPrimitive};
 use burn_ndarray::{NdArray, NdArrayTensor};
+use half::f16;
 
-/// A read-only strided view of an f32 tensor of `N` dimensions.
+/// A read-only strided view of a tensor of `N` dimensions of `T` (f32, or f16 for a pool).
 #[derive(Clone, Copy)]
-pub(crate) struct View<const N: usize> {
-    pub ptr: *const f32,
+pub(crate) struct View<const N: usize, T = f32> {
+    pub ptr: *const T,
     pub strides: [isize; N],
 }
 
 // SAFETY: the pointer refers to tensor memory that the calling function keeps alive (it holds the
 // primitives) for the whole parallel section, and it is only read.
-unsafe impl<const N: usize> Send for View<N> {}
-unsafe impl<const N: usize> Sync for View<N> {}
+unsafe impl<const N: usize, T> Send for View<N, T> {}
+unsafe impl<const N: usize, T> Sync for View<N, T> {}
 
 impl<const N: usize> View<N> {
     /// The view of a primitive, or `None` if it is not f32 (then the reference runs).
@@ -30,10 +31,30 @@ impl<const N: usize> View<N> {
             _ => None,
         }
     }
+}
 
+impl<const N: usize> View<N, f16> {
+    /// The view of a `u16` primitive as the f16 values whose bits it holds (a K/V pool's).
+    pub fn of_f16_bits(t: &NdArrayTensor) -> Option<Self> {
+        match t {
+            NdArrayTensor::U16(storage) => {
+                let view = storage.view();
+                let strides: [isize; N] = view.strides().try_into().ok()?;
+                Some(View {
+                    // f16 is a `repr(transparent)` u16.
+                    ptr: view.as_ptr().cast::<f16>(),
+                    strides,
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+impl<const N: usize, T> View<N, T> {
     /// Pointer to the element at `index`.
     #[inline]
-    pub fn at(&self, index: [usize; N]) -> *const f32 {
+    pub fn at(&self, index: [usize; N]) -> *const T {
         let offset: isize = index
             .iter()
             .zip(&self.strides)

@@ -214,7 +214,7 @@ impl<B: ModelBackend> Scheduler<B> {
             store: &shared.store,
             namespace: &shared.namespace,
             chunking: &shared.chunking,
-            format: shared.config.kv_precision.format(),
+            format: shared.store_format,
         }
     }
 

@@ -6,6 +6,7 @@
 
 use crate::config::Activation;
 use crate::packed::PackedMatrix;
+use crate::pool_precision::PoolPrecision;
 use crate::rope::RopeTables;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
@@ -56,9 +57,36 @@ pub trait ModelBackend: AttentionBackend {
         gated_activation_reference(gu, act)
     }
 
-    /// A zeroed K/V pool layer `[kv_heads, slots, head_dim]`.
-    fn pool_zeros(shape: [usize; 3], device: &burn::tensor::Device<Self>) -> Tensor<Self, 3> {
+    /// Whether a K/V pool can hold values in `precision` here. Here f32 only: burn's generic
+    /// ops would need f16 tensors on every backend, and the GPU path is its own work.
+    fn holds_pool_precision(precision: PoolPrecision) -> bool {
+        precision == PoolPrecision::F32
+    }
+
+    /// A zeroed K/V pool layer `[kv_heads, slots, head_dim]` holding `precision` (one that
+    /// [`ModelBackend::holds_pool_precision`] accepts; the pool checks).
+    fn pool_zeros(
+        shape: [usize; 3],
+        _precision: PoolPrecision,
+        device: &burn::tensor::Device<Self>,
+    ) -> Tensor<Self, 3> {
         Tensor::zeros(shape, device)
+    }
+
+    /// The pool layer `pool` grown to `slots` slots, keeping its values (new slots zeroed).
+    fn pool_grow(pool: Tensor<Self, 3>, slots: usize, precision: PoolPrecision) -> Tensor<Self, 3> {
+        let [h, old, d] = pool.dims();
+        let fresh = Self::pool_zeros([h, slots, d], precision, &pool.device());
+        if old == 0 {
+            fresh
+        } else {
+            fresh.slice_assign([0..h, 0..old, 0..d], pool)
+        }
+    }
+
+    /// The values at pool slots `slots` as f32, `[kv_heads, n, head_dim]`, on the device.
+    fn pool_gather(pool: &Tensor<Self, 3>, slots: &[usize]) -> Tensor<Self, 3> {
+        pool_read(pool, slots)
     }
 
     /// Backs pool slots `slots` (free ones: their values are left unspecified) with memory now,
@@ -93,7 +121,7 @@ pub trait ModelBackend: AttentionBackend {
     /// Copies the values at pool slots `from` onto pool slots `to` (as many, distinct, none in
     /// both): a block's copy-on-write. Here by a gather and a write, which stays on the device.
     fn pool_copy(pool: Tensor<Self, 3>, from: &[usize], to: &[usize]) -> Tensor<Self, 3> {
-        let values = pool_read(&pool, from);
+        let values = Self::pool_gather(&pool, from);
         Self::pool_write(pool, to, values)
     }
 
@@ -114,7 +142,7 @@ pub trait ModelBackend: AttentionBackend {
 
     /// The values at pool slots `slots`, `[kv_heads, n, head_dim]`, on the host.
     fn pool_read_host(pool: &Tensor<Self, 3>, slots: &[usize]) -> Vec<f32> {
-        pool_read(pool, slots)
+        Self::pool_gather(pool, slots)
             .into_data()
             .convert::<f32>()
             .to_vec::<f32>()

@@ -1,9 +1,11 @@
-//! burn-ndarray's overrides of [`ModelBackend`]: fused row passes, the few-row product, and K/V
-//! pool writes in place.
+//! burn-ndarray's overrides of [`ModelBackend`]: fused row passes, the few-row product, and the
+//! K/V pool in place (f32 or f16, [`super::cpu_pool`]).
 
-use super::backend_ops::{self, runs, HostKv, ModelBackend, PoolLayer};
+use super::backend_ops::{self, HostKv, ModelBackend, PoolLayer};
+use super::cpu_pool;
 use crate::config::Activation;
 use crate::packed::PackedMatrix;
+use crate::pool_precision::PoolPrecision;
 use crate::rope::RopeTables;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 use burn_ndarray::{NdArray, NdArrayTensor};
@@ -222,25 +224,29 @@ impl ModelBackend for NdArray<f32> {
         Tensor::from_data(TensorData::new(y, [m, n]), &device)
     }
 
-    /// From a zeroed allocation: the pages are mapped lazily, so a large pool costs memory only
-    /// as its blocks are first written (burn's `zeros` writes every element).
-    fn pool_zeros(shape: [usize; 3], device: &burn::tensor::Device<Self>) -> Tensor<Self, 3> {
-        let n = shape.iter().product();
-        Tensor::from_data(TensorData::new(vec![0f32; n], shape), device)
+    /// f32 and f16 (see [`super::cpu_pool`]).
+    fn holds_pool_precision(_precision: PoolPrecision) -> bool {
+        true
     }
 
-    /// Writes zeros over the slots: the pool comes from a zeroed allocation whose pages the
-    /// kernel maps on first write, one fault per 4 KiB. Measured here, those faults were 90% of
-    /// a warm request's copy-on-write of its partial block (16 of 18 us per layer).
+    fn pool_zeros(
+        shape: [usize; 3],
+        precision: PoolPrecision,
+        _device: &burn::tensor::Device<Self>,
+    ) -> Tensor<Self, 3> {
+        cpu_pool::zeros(shape, precision)
+    }
+
+    fn pool_grow(pool: Tensor<Self, 3>, slots: usize, precision: PoolPrecision) -> Tensor<Self, 3> {
+        cpu_pool::grow(pool, slots, precision)
+    }
+
+    fn pool_gather(pool: &Tensor<Self, 3>, slots: &[usize]) -> Tensor<Self, 3> {
+        cpu_pool::gather(pool, slots)
+    }
+
     fn pool_prefault(pool: Tensor<Self, 3>, slots: std::ops::Range<usize>) -> Tensor<Self, 3> {
-        let touched = in_place(pool, |dst, [h, total, d]| {
-            for head in 0..h {
-                let at = |s: usize| ((head * total + s) * d).min(dst.len());
-                let (from, to) = (at(slots.start), at(slots.end));
-                dst[from..to].fill(0.0);
-            }
-        });
-        touched.0
+        cpu_pool::prefault(pool, slots)
     }
 
     fn pool_write(
@@ -249,19 +255,22 @@ impl ModelBackend for NdArray<f32> {
         values: Tensor<Self, 3>,
     ) -> Tensor<Self, 3> {
         let [h, n, d] = values.dims();
-        let Some(vp) = rows_of3(&values) else {
-            return backend_ops::pool_write_reference(pool, slots, values);
-        };
-        match f32_slice(&vp) {
+        let primitive = rows_of3(&values);
+        match primitive.as_ref().and_then(f32_slice) {
             Some((shape, v)) if shape == [h, n, d] => {
-                write_in_place(pool, slots, HostKv::all(v, n))
+                cpu_pool::write(pool, slots, HostKv::all(v, n))
             }
-            _ => backend_ops::pool_write_reference(pool, slots, values),
+            // Not contiguous f32: through host values (the pool may hold f16, which burn's ops
+            // cannot write).
+            _ => {
+                let v = values.into_data().convert::<f32>().to_vec::<f32>();
+                cpu_pool::write(pool, slots, HostKv::all(&v.unwrap_or_default(), n))
+            }
         }
     }
 
     fn pool_write_host(pool: Tensor<Self, 3>, slots: &[usize], src: HostKv) -> Tensor<Self, 3> {
-        write_in_place(pool, slots, src)
+        cpu_pool::write(pool, slots, src)
     }
 
     /// The layers in parallel: a warm request copies tens of megabytes of stored K/V, which one
@@ -278,50 +287,12 @@ impl ModelBackend for NdArray<f32> {
             .collect()
     }
 
-    /// On the host, in place, slot to slot: no tensor ops (the generic path's 60 per copied
-    /// block took ~1.5 ms of a warm request's assembly) and no buffer in between.
     fn pool_copy(pool: Tensor<Self, 3>, from: &[usize], to: &[usize]) -> Tensor<Self, 3> {
-        let copied = in_place(pool, |dst, [h, total, d]| {
-            for head in 0..h {
-                for (&f, &t) in from.iter().zip(to) {
-                    let (f, t) = ((head * total + f) * d, (head * total + t) * d);
-                    dst.copy_within(f..f + d, t);
-                }
-            }
-        });
-        match copied {
-            (pool, true) => pool,
-            (pool, false) => {
-                let values = Self::pool_read_host(&pool, from);
-                pool_write_generic(pool, to, HostKv::all(&values, from.len()))
-            }
-        }
+        cpu_pool::copy(pool, from, to)
     }
 
     fn pool_read_host(pool: &Tensor<Self, 3>, slots: &[usize]) -> Vec<f32> {
-        let [h, total, d] = pool.dims();
-        let n = slots.len();
-        let Some(p) = rows_of3(pool) else {
-            return backend_ops::pool_read(pool, slots)
-                .into_data()
-                .to_vec::<f32>()
-                .unwrap_or_default();
-        };
-        let Some((_, src)) = f32_slice(&p) else {
-            return backend_ops::pool_read(pool, slots)
-                .into_data()
-                .to_vec::<f32>()
-                .unwrap_or_default();
-        };
-        let mut out = vec![0f32; h * n * d];
-        for head in 0..h {
-            for (at, first, len) in runs(slots) {
-                let from = (head * total + first) * d;
-                let to = (head * n + at) * d;
-                out[to..to + len * d].copy_from_slice(&src[from..from + len * d]);
-            }
-        }
-        out
+        cpu_pool::read_host(pool, slots)
     }
 }
 
@@ -331,67 +302,6 @@ fn rows_of3(t: &Tensor<NdArray<f32>, 3>) -> Option<NdArrayTensor> {
         TensorPrimitive::Float(p) => Some(p),
         _ => None,
     }
-}
-
-/// Writes host values (tokens `src.first..` of `[h, src.tokens, d]`) at pool slots, mutating
-/// the pool's memory in place: a slice-assign per run would first build a tensor of the values
-/// and then copy it, two passes over K/V that a store hit reads by the tens of megabytes.
-fn write_in_place(
-    pool: Tensor<NdArray<f32>, 3>,
-    slots: &[usize],
-    src: HostKv,
-) -> Tensor<NdArray<f32>, 3> {
-    let written = in_place(pool, |dst, [h, total, d]| {
-        for head in 0..h {
-            for (at, first, len) in runs(slots) {
-                let to = (head * total + first) * d;
-                let from = (head * src.tokens + src.first + at) * d;
-                dst[to..to + len * d].copy_from_slice(&src.data[from..from + len * d]);
-            }
-        }
-    });
-    match written {
-        (pool, true) => pool,
-        (pool, false) => pool_write_generic(pool, slots, src),
-    }
-}
-
-/// Runs `f` on the pool's memory (`[h, total, d]`, contiguous) in place; returns the pool and
-/// whether `f` ran (not when the pool is not contiguous f32). The pool is uniquely owned by its
-/// [`crate::KvPool`]; were it shared, `into_owned` would copy it first (correct, only slow).
-fn in_place(
-    pool: Tensor<NdArray<f32>, 3>,
-    f: impl FnOnce(&mut [f32], [usize; 3]),
-) -> (Tensor<NdArray<f32>, 3>, bool) {
-    let dims = pool.dims();
-    let TensorPrimitive::Float(NdArrayTensor::F32(storage)) = pool.clone().into_primitive() else {
-        return (pool, false);
-    };
-    drop(pool);
-    let mut array = storage.into_owned();
-    let ran = match array.as_slice_mut() {
-        Some(dst) => {
-            f(dst, dims);
-            true
-        }
-        None => false,
-    };
-    let pool = Tensor::from_primitive(TensorPrimitive::Float(NdArrayTensor::from(array)));
-    (pool, ran)
-}
-
-fn pool_write_generic(
-    pool: Tensor<NdArray<f32>, 3>,
-    slots: &[usize],
-    src: HostKv,
-) -> Tensor<NdArray<f32>, 3> {
-    let [h, _, d] = pool.dims();
-    let device = pool.device();
-    let values = Tensor::from_data(
-        TensorData::new(src.rows(h, d, slots.len()), [h, slots.len(), d]),
-        &device,
-    );
-    backend_ops::pool_write_reference(pool, slots, values)
 }
 
 #[cfg(test)]

@@ -99,6 +99,17 @@ impl<B: ModelBackend> Linear<B> {
         }
     }
 
+    /// Whether the weight is held quantized to integers (Q8_0 to Q4 blocks), not as floats.
+    pub fn is_quantized(&self) -> bool {
+        use crate::packed::CellValues;
+        match &self.weight {
+            LinearWeight::Dense(_) => false,
+            LinearWeight::Packed(w) => {
+                matches!(w.cell_values(), CellValues::Nibbles | CellValues::Bytes)
+            }
+        }
+    }
+
     /// Bytes the weight holds.
     pub fn weight_bytes(&self) -> usize {
         match &self.weight {

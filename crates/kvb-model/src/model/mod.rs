@@ -5,6 +5,8 @@ mod batch;
 #[cfg(feature = "ndarray")]
 mod cpu_ops;
 #[cfg(feature = "ndarray")]
+mod cpu_pool;
+#[cfg(feature = "ndarray")]
 mod few_rows;
 #[cfg(all(test, feature = "ndarray"))]
 mod gemm_tests;
@@ -227,6 +229,16 @@ impl<B: ModelBackend> Model<B> {
     /// The precision the weights were loaded in.
     pub fn weight_precision(&self) -> WeightPrecision {
         self.precision
+    }
+
+    /// Whether the layers' projections are held quantized to integers (a GGUF's Q4/Q5/Q6/Q8
+    /// blocks, or `--weights q8_0`): then the model's own rounding is far coarser than f16's.
+    pub fn has_quantized_weights(&self) -> bool {
+        self.blocks.iter().any(|b| {
+            [&b.qkv, &b.o, &b.gate_up, &b.down]
+                .iter()
+                .any(|l| l.is_quantized())
+        })
     }
 
     /// Bytes the weights hold (projections and embedding; an embedding shared with the LM head

@@ -2,7 +2,7 @@
 //! engine's own ([`EngineConfig::default`]), read here, never restated.
 
 use clap::Args;
-use kvb_engine::{EngineConfig, GenerationMode, KvPrecision, RecomputeStrategy};
+use kvb_engine::{EngineConfig, GenerationMode, KvPrecision, PoolDtype, RecomputeStrategy};
 use std::path::PathBuf;
 
 fn defaults() -> EngineConfig {
@@ -21,6 +21,10 @@ pub struct EngineArgs {
     /// Token slots per block of the K/V pool (a power of two).
     #[arg(long, default_value_t = defaults().block_size)]
     pub block_size: usize,
+    /// Element type of the K/V pool: auto (f16 on the CPU when the weights are quantized to
+    /// integers, as a GGUF's Q4/Q8; f32 otherwise), f32 or f16 (CPU).
+    #[arg(long, default_value_t = defaults().pool_dtype)]
+    pub pool_dtype: PoolDtype,
     /// Token rows one forward pass runs at most (decode rows, then prefill slices).
     #[arg(long, default_value_t = defaults().max_batch_tokens)]
     pub max_batch_tokens: usize,
@@ -76,6 +80,7 @@ impl EngineArgs {
             max_cache_bytes: self.max_cache_bytes,
             max_pool_bytes: self.max_pool_bytes,
             block_size: self.block_size,
+            pool_dtype: self.pool_dtype,
             max_batch_tokens: self.max_batch_tokens,
             prefill_tokens_while_decoding: self.prefill_tokens_while_decoding,
             max_running: self.max_running,

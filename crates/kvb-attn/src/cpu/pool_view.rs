@@ -1,0 +1,123 @@
+//! One layer's K or V in a paged pool, as the kernels read it: f32, or f16.
+//!
+//! kvb-model's CPU pool holds f16 K/V as the bits in a `u16` array (burn-ndarray has no f16
+//! storage). The kernels compute in f32 either way: an f16 run of keys is widened into a small
+//! scratch tile first (exactly), so the arithmetic after it is the same code on the same values;
+//! what f16 buys is half the bytes read from memory, the cost of a long decode step.
+
+use super::view::View;
+use burn_ndarray::NdArrayTensor;
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+
+/// A pool layer `[kv_heads, slots, head_dim]`.
+#[derive(Clone, Copy)]
+pub(crate) enum PoolView {
+    F32(View<3>),
+    F16(View<3, f16>),
+}
+
+impl PoolView {
+    /// The view of a pool primitive: f32, or `u16` holding f16 bits.
+    pub fn of(t: &NdArrayTensor) -> Option<Self> {
+        View::<3>::of(t)
+            .map(PoolView::F32)
+            .or_else(|| View::<3, f16>::of_f16_bits(t).map(PoolView::F16))
+    }
+
+    pub fn strides(&self) -> [isize; 3] {
+        match self {
+            PoolView::F32(v) => v.strides,
+            PoolView::F16(v) => v.strides,
+        }
+    }
+
+    /// The f32 view, where the pool holds f32 (then kernels may read it in place).
+    pub fn as_f32(&self) -> Option<View<3>> {
+        match self {
+            PoolView::F32(v) => Some(*v),
+            PoolView::F16(_) => None,
+        }
+    }
+
+    /// `len` consecutive pool slots of kv head `kh` from `slot`, `d` values each (contiguous), as
+    /// f32: in place for an f32 pool, widened into `scratch` (at least `len * d` long) for f16.
+    ///
+    /// # Safety
+    /// The slots must lie inside the pool, with `d` contiguous and slots `d` apart (as the
+    /// callers check), and the pool must outlive the returned slice.
+    #[inline]
+    pub unsafe fn slots<'a>(
+        &self,
+        (kh, slot, len): (usize, usize, usize),
+        d: usize,
+        scratch: &'a mut [f32],
+    ) -> &'a [f32] {
+        match self {
+            PoolView::F32(v) => std::slice::from_raw_parts(v.at([kh, slot, 0]), len * d),
+            PoolView::F16(_) => {
+                let dst = &mut scratch[..len * d];
+                self.read_into((kh, slot, len), d, dst);
+                dst
+            }
+        }
+    }
+
+    /// Copies (f32) or widens (f16) the same slots as [`PoolView::slots`] into `dst`
+    /// (`len * d` long).
+    ///
+    /// # Safety
+    /// As [`PoolView::slots`].
+    #[inline]
+    pub unsafe fn read_into(
+        &self,
+        (kh, slot, len): (usize, usize, usize),
+        d: usize,
+        dst: &mut [f32],
+    ) {
+        match self {
+            PoolView::F32(v) => {
+                dst.copy_from_slice(std::slice::from_raw_parts(v.at([kh, slot, 0]), len * d))
+            }
+            PoolView::F16(v) => widen(
+                std::slice::from_raw_parts(v.at([kh, slot, 0]), len * d),
+                dst,
+            ),
+        }
+    }
+}
+
+/// `dst = src` widened to f32 (exact). With F16C, eight values per instruction in one loop:
+/// `half`'s slice conversion calls a function per eight values (its F16C code cannot be inlined
+/// into code built without the feature), which cost as much as the bytes f16 saves.
+#[inline]
+fn widen(src: &[f16], dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_f16c() {
+        // SAFETY: the CPU has F16C and AVX (checked).
+        unsafe { widen_f16c(src, dst) };
+        return;
+    }
+    src.convert_to_f32_slice(dst);
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_f16c() -> bool {
+    static F16C: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *F16C.get_or_init(|| {
+        std::arch::is_x86_feature_detected!("f16c") && std::arch::is_x86_feature_detected!("avx")
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,f16c")]
+unsafe fn widen_f16c(src: &[f16], dst: &mut [f32]) {
+    use std::arch::x86_64::{__m128i, _mm256_cvtph_ps, _mm256_storeu_ps, _mm_loadu_si128};
+    let n = src.len().min(dst.len());
+    let whole = n / 8 * 8;
+    for i in (0..whole).step_by(8) {
+        let bits = _mm_loadu_si128(src.as_ptr().add(i).cast::<__m128i>());
+        _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(bits));
+    }
+    src[whole..n].convert_to_f32_slice(&mut dst[whole..n]);
+}
