@@ -11,6 +11,7 @@ mod commands;
 mod model_arg;
 mod peak_memory;
 mod serve;
+mod stop_signal;
 
 use clap::{Parser, Subcommand};
 

@@ -141,6 +141,15 @@ fn bump(c: &AtomicU64) {
 }
 
 impl Inner {
+    /// Makes what this operation wrote to disk durable: one sync per store operation (an insert
+    /// and every eviction or drop it caused, a promotion's evictions, a flush, an invalidation).
+    fn sync_disk(&mut self) -> Result<(), StoreError> {
+        match self.disk.as_mut() {
+            Some(d) => d.sync().map_err(StoreError::Disk),
+            None => Ok(()),
+        }
+    }
+
     fn index(&mut self, key: PrefixKey, content: ContentKey, parent: PrefixKey, tokens: &[u32]) {
         self.radix.insert(key, parent, tokens);
         let keys = self.by_content.entry(content).or_default();
@@ -230,15 +239,26 @@ impl ChunkStore {
         chunk.check().map_err(StoreError::BadChunk)?;
         let now = self.tick();
         let mut inner = self.write();
+        let inserted = self.insert_locked(&mut inner, chunk, now)?;
+        inner.sync_disk()?;
+        Ok(inserted)
+    }
+
+    fn insert_locked(
+        &self,
+        inner: &mut Inner,
+        chunk: KvChunk,
+        now: u64,
+    ) -> Result<Inserted, StoreError> {
         if let Some(e) = inner.ram.get(&chunk.prefix_key) {
             e.last_access.store(now, Ordering::Relaxed);
             return Ok(Inserted::AlreadyStored);
         }
         let bytes = chunk.bytes();
         if bytes > self.config.max_ram_bytes {
-            return self.insert_on_disk_only(&mut inner, chunk, now);
+            return self.insert_on_disk_only(inner, chunk, now);
         }
-        if !self.make_room(&mut inner, bytes, now)? {
+        if !self.make_room(inner, bytes, now)? {
             bump(&self.counters.budget_rejections);
             return Ok(Inserted::Rejected);
         }
@@ -368,6 +388,7 @@ impl ChunkStore {
             );
             inner.ram_bytes += bytes;
         }
+        inner.sync_disk()?;
         Ok(Some(chunk))
     }
 
@@ -502,6 +523,7 @@ impl ChunkStore {
         if let Some(c) = content {
             inner.unindex_if_gone(key, &c);
         }
+        inner.sync_disk()?;
         Ok(found)
     }
 
@@ -586,8 +608,9 @@ impl ChunkStore {
         &self.config
     }
 
-    /// Writes every RAM chunk that the disk tier lacks to disk (no-op without a disk tier), so a
-    /// restart finds them. Called on drop; call it yourself to bound what a crash can lose.
+    /// Writes every RAM chunk that the disk tier lacks to disk, durably (no-op without a disk
+    /// tier), so a restart finds them. Called on drop; call it yourself to bound what a crash can
+    /// lose.
     pub fn flush(&self) -> Result<(), StoreError> {
         let mut inner = self.write();
         let Inner { ram, disk, .. } = &mut *inner;
@@ -612,7 +635,7 @@ impl ChunkStore {
         for (k, c) in dropped {
             inner.unindex_if_gone(&k, &c);
         }
-        Ok(())
+        inner.sync_disk()
     }
 }
 

@@ -21,12 +21,21 @@ fn config(dir: &Path, ram_chunks: usize, disk_bytes: u64, chunk_bytes: usize) ->
     }
 }
 
+/// The tier's segment files and their index files (not its empty `LOCK`).
 fn segments(dir: &Path) -> Vec<std::path::PathBuf> {
     let mut v: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().is_some_and(|n| n != "LOCK"))
         .collect();
     v.sort();
+    v
+}
+
+/// The segment files alone.
+fn segment_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut v = segments(dir);
+    v.retain(|p| p.extension().is_some_and(|e| e == "kvb"));
     v
 }
 
@@ -77,7 +86,7 @@ fn the_disk_budget_holds_and_compaction_reclaims_space() {
         s.insert(c.clone()).unwrap();
         let st = s.stats();
         assert!(st.disk_bytes <= 5 * record);
-        let files: u64 = segments(dir.path())
+        let files: u64 = segment_files(dir.path())
             .iter()
             .map(|p| std::fs::metadata(p).unwrap().len())
             .sum();
@@ -89,6 +98,69 @@ fn the_disk_budget_holds_and_compaction_reclaims_space() {
     // The newest chunks survive; the oldest were dropped.
     assert!(s.contains(&chunks[39].prefix_key));
     assert!(!s.contains(&chunks[0].prefix_key));
+    // Flushing moves the chunk still in RAM to disk, which drops the oldest there.
+    s.flush().unwrap();
+    let held: Vec<bool> = chunks.iter().map(|c| s.contains(&c.prefix_key)).collect();
+    drop(s);
+    // Dropped records stay dropped after a restart (tombstones), even under a budget that
+    // would have room for them.
+    let s = ChunkStore::new(config(dir.path(), 1, 1 << 30, chunks[0].bytes())).unwrap();
+    for (i, c) in chunks.iter().enumerate() {
+        assert_eq!(
+            s.contains(&c.prefix_key),
+            held[i],
+            "chunk {i} after a restart"
+        );
+    }
+    assert!(s.stats().disk_bytes <= 5 * record);
+}
+
+#[test]
+fn a_second_opener_of_the_same_folder_gets_a_clear_error() {
+    let chunks = distinct_chunks(&ns(), 2, 10);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), 1, 1 << 30, chunks[0].bytes());
+    let first = ChunkStore::new(cfg.clone()).unwrap();
+    let err = ChunkStore::new(cfg.clone())
+        .err()
+        .expect("a second opener is refused");
+    assert!(
+        err.to_string().contains("in use by another process"),
+        "{err}"
+    );
+    drop(first);
+    // Released with the first store.
+    assert!(ChunkStore::new(cfg).is_ok());
+}
+
+#[test]
+fn opening_reads_segment_indexes_and_records_are_verified_when_read() {
+    let chunks = distinct_chunks(&ns(), 12, 10);
+    let dir = tempfile::tempdir().unwrap();
+    write_store(dir.path(), &chunks);
+    // Every segment was sealed with an index when the store closed.
+    let files = segment_files(dir.path());
+    assert!(files.len() > 1);
+    for f in &files {
+        assert!(
+            f.with_extension("idx").exists(),
+            "{} has no index",
+            f.display()
+        );
+    }
+    // Overwrite every K/V byte of the segments, keeping their lengths: an open that trusts the
+    // indexes still lists every chunk (it did not read the records), and a read catches each.
+    for f in &files {
+        let len = std::fs::metadata(f).unwrap().len() as usize;
+        std::fs::write(f, vec![0x5a; len]).unwrap();
+    }
+    let s = ChunkStore::new(config(dir.path(), 1, 1 << 30, chunks[0].bytes())).unwrap();
+    assert_eq!(s.stats().disk_chunks, 12);
+    for c in &chunks {
+        assert!(s.get(&c.prefix_key).unwrap().is_none());
+    }
+    assert_eq!(s.stats().corrupt_records, 12);
+    assert_eq!(s.stats().disk_chunks, 0);
 }
 
 fn write_store(dir: &Path, chunks: &[KvChunk]) {

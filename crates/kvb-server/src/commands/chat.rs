@@ -36,7 +36,17 @@ fn run_on<B: ModelBackend>(
     device: &B::Device,
 ) -> anyhow::Result<()> {
     probe_device::<B>(device, args.model.backend)?;
-    let engine = model_arg::load_engine::<B>(path, args.engine.config(&args.model), device)?;
+    let engine = std::sync::Arc::new(model_arg::load_engine::<B>(
+        path,
+        args.engine.config(&args.model),
+        device,
+    )?);
+    let flushing = engine.clone();
+    crate::stop_signal::flush_on_stop_signal(move || {
+        if let Err(e) = flushing.flush() {
+            eprintln!("kvb: flushing the chunk store failed: {e}");
+        }
+    })?;
     let mut messages: Vec<ChatMessage> = args
         .system
         .iter()
@@ -79,5 +89,7 @@ fn run_on<B: ModelBackend>(
             }
         }
     }
+    // End of input or /exit: what this session learned reaches the disk tier.
+    engine.flush()?;
     Ok(())
 }

@@ -162,7 +162,7 @@ async fn serve(
     let signalled = Arc::new(tokio::sync::Notify::new());
     let (closing, notify) = (app.clone(), signalled.clone());
     let server = axum::serve(listener, app::router(app)).with_graceful_shutdown(async move {
-        stop_signal().await;
+        crate::stop_signal::stop_signal().await;
         closing.closing.store(true, Ordering::Release);
         tracing::info!(
             "shutting down: no new requests; running ones get {} s",
@@ -177,26 +177,4 @@ async fn serve(
         }
     }
     Ok(())
-}
-
-/// SIGINT (Ctrl-C) or SIGTERM.
-async fn stop_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = term => {}
-    }
 }
