@@ -93,8 +93,12 @@ fn segment<M: DecodeMath>(
     }
     let mut scores = vec![0f32; rows.len() * group * TILE];
     let mut readers: Vec<(u32, usize)> = Vec::with_capacity(rows.len());
-    // An f16 pool's keys or values of one block run, widened (at most a tile's worth).
-    let mut widened = vec![0f32; TILE.min(bs) * d];
+    // An f16 pool's keys or values of one block run, widened (at most a tile's worth); an f32
+    // pool is read in place and needs none.
+    let mut widened = match pool.k {
+        PoolView::F16(_) => vec![0f32; TILE.min(bs) * d],
+        PoolView::F32(_) => Vec::new(),
+    };
     // SAFETY (here and at both `slots` calls below): `physical` and the `len` keys after it lie
     // in one block inside the pool (checked by `check_paged`), head_dim contiguous; q is
     // [1, hq, n, d] with d contiguous.

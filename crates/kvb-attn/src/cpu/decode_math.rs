@@ -401,7 +401,7 @@ mod avx2 {
             out_stride: usize,
             n: usize,
         ) {
-            debug_assert!(d % 8 == 0 && keys.len() >= n * d);
+            debug_assert!(d.is_multiple_of(8) && keys.len() >= n * d);
             let mut g = 0;
             while g < q.count {
                 let heads = (q.count - g).min(3);
@@ -433,7 +433,7 @@ mod avx2 {
             d: usize,
             n: usize,
         ) {
-            debug_assert!(d % 8 == 0 && values.len() >= n * d);
+            debug_assert!(d.is_multiple_of(8) && values.len() >= n * d);
             let mut g = 0;
             while g < heads {
                 let count = (heads - g).min(3);
@@ -454,7 +454,7 @@ mod avx2 {
 
         #[inline(always)]
         fn scores(q: &[f32], keys: &[f32], d: usize, scale: f32, out: &mut [f32]) {
-            debug_assert!(d % 8 == 0 && keys.len() >= out.len() * d && q.len() >= d);
+            debug_assert!(d.is_multiple_of(8) && keys.len() >= out.len() * d && q.len() >= d);
             // SAFETY: only chosen where the CPU has AVX2 and FMA and d % 8 == 0 (see
             // `decode_attention`); every pointer stays within the slices asserted above.
             unsafe { scores(q, keys, d, scale, out) }
@@ -462,7 +462,7 @@ mod avx2 {
 
         #[inline(always)]
         fn accumulate(acc: &mut [f32], p: &[f32], values: &[f32], d: usize) {
-            debug_assert!(d % 8 == 0 && acc.len() >= d && values.len() >= p.len() * d);
+            debug_assert!(d.is_multiple_of(8) && acc.len() >= d && values.len() >= p.len() * d);
             // SAFETY: as above.
             unsafe { accumulate(acc, p, values, d) }
         }

@@ -46,7 +46,7 @@ pub fn unpermute_rows<T: Copy + Default>(
     let rows = shape[0];
     // Elements per row: a quantized row is its run of block bytes.
     let cols = data.len() / rows.max(1);
-    if heads == 0 || rows % (heads * 2) != 0 || cols * rows != data.len() {
+    if heads == 0 || !rows.is_multiple_of(heads * 2) || cols * rows != data.len() {
         return Err(ModelError::Weights(format!(
             "cannot undo the RoPE row permutation of a {shape:?} tensor over {heads} heads"
         )));

@@ -110,11 +110,7 @@ pub trait ModelBackend: AttentionBackend {
     /// slots.len()` of every head of `src` (`[kv_heads, src.tokens, head_dim]`).
     fn pool_write_host(pool: Tensor<Self, 3>, slots: &[usize], src: HostKv) -> Tensor<Self, 3> {
         let [h, _, d] = pool.dims();
-        let device = pool.device();
-        let values = Tensor::from_data(
-            TensorData::new(src.rows(h, d, slots.len()), [h, slots.len(), d]),
-            &device,
-        );
+        let values = src.tensor(h, d, slots.len(), &pool.device());
         Self::pool_write(pool, slots, values)
     }
 
@@ -185,6 +181,20 @@ impl HostKv<'_> {
             tokens,
             first: 0,
         }
+    }
+
+    /// Tokens `first..first + n` of every head as a tensor `[heads, n, d]` on `device`.
+    pub fn tensor<B: Backend>(
+        &self,
+        heads: usize,
+        d: usize,
+        n: usize,
+        device: &B::Device,
+    ) -> Tensor<B, 3> {
+        Tensor::from_data(
+            TensorData::new(self.rows(heads, d, n), [heads, n, d]),
+            device,
+        )
     }
 
     /// Tokens `first..first + n` of every head, contiguous: `[heads, n, d]`.

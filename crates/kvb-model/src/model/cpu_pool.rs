@@ -248,10 +248,6 @@ pub(super) fn gather(pool: &Layer, slots: &[usize]) -> Layer {
 /// The generic write, for an f32 layer that is not contiguous.
 fn write_generic(pool: Layer, slots: &[usize], src: HostKv) -> Layer {
     let [h, _, d] = pool.dims();
-    let device = pool.device();
-    let values = Tensor::from_data(
-        TensorData::new(src.rows(h, d, slots.len()), [h, slots.len(), d]),
-        &device,
-    );
+    let values = src.tensor(h, d, slots.len(), &pool.device());
     backend_ops::pool_write_reference(pool, slots, values)
 }

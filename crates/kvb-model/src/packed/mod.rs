@@ -294,7 +294,7 @@ impl PackedMatrix {
     /// [`PackedMatrix::from_blocks`]) to 8 bits per weight with an f32 scale per 32, as
     /// llama.cpp's Q8_0 does (`d = max |w| / 127`, `q = round(w / d)`). Lossy, unlike packing.
     pub fn quantize_q8_0(parts: &[(&[f32], usize)], cols: usize) -> Result<Self> {
-        if cols == 0 || cols % CELL_ROWS != 0 {
+        if cols == 0 || !cols.is_multiple_of(CELL_ROWS) {
             return Err(ModelError::Weights(format!(
                 "cannot quantize a projection of {cols} inputs to q8_0 (needs a multiple of 32)"
             )));

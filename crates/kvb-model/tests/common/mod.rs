@@ -209,7 +209,7 @@ impl GgufStorage {
             return stored;
         }
         let block = if random_k.is_some() { 256 } else { 32 };
-        let blockwise = shape.len() == 2 && shape[1] % block == 0;
+        let blockwise = shape.len() == 2 && shape[1].is_multiple_of(block);
         if matches!(
             self,
             GgufStorage::F32 | GgufStorage::F16 | GgufStorage::Bf16
