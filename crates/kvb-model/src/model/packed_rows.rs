@@ -22,7 +22,8 @@ pub const MAX_ROWS: usize = 4;
 pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix) -> Option<Vec<f32>> {
     #[cfg(target_arch = "x86_64")]
     {
-        let fits = (1..=MAX_ROWS).contains(&m) && KC.is_multiple_of(w.cell_rows()) && x.len() >= m * w.k();
+        let fits =
+            (1..=MAX_ROWS).contains(&m) && KC.is_multiple_of(w.cell_rows()) && x.len() >= m * w.k();
         if !fits || !w.cell_values().vectorised() {
             return None;
         }
