@@ -2,6 +2,7 @@
 //! one release build (one feature set) across every step, so CI compiles burn once.
 
 mod bench;
+mod fuzz;
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -29,13 +30,20 @@ commands:
                 one system prompt, streamed over HTTP): TTFT p50/p99, tokens/s, errors; tables and
                 plots in bench/results/<date>-server/. Options: --quick, --clients 1,16,64,
                 --turns N, --max-tokens N, --time-limit S, --model PATH, --out DIR
+  bench soak    `kvb serve` under steady mixed load (chat turns, completions, warms, dropped
+                streams, malformed bodies) for a bounded time: no request may fail, resident
+                memory may grow < 5% after warm-up, the pool must return to its resident cache.
+                Options: --duration S (600), --clients N (8), --max-tokens N, --model PATH, --out DIR
   bench model   prefill/decode speed of the default model vs the machine's matmul rate
   bench peers   kvb beside PyTorch (f32, bf16) and llama.cpp (with and without its prompt cache)
                 on the same weights and threads: full prefill of ~512 and ~3,000 tokens, decode,
                 warm questions; ratios from one run, in bench/results/<date>-peers/. Optional,
                 never in CI: pip-installs its peers into $KVB_PEERS_DIR (~/.cache/kvb/peers).
                 Options: --reps N (3), --threads N (all cores), --peers a,b, --out DIR
-  bench cache   key hashing, KIVI quantize/dequantize, store lookups (100k chunks), disk tier";
+  bench cache   key hashing, KIVI quantize/dequantize, store lookups (100k chunks), disk tier
+  fuzz          every fuzz target of fuzz/ under libFuzzer for a bounded time (nightly and
+                cargo-fuzz, installed if missing); executions and crashes per target.
+                Options: --time SECONDS (60 each), --targets a,b";
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -46,6 +54,7 @@ fn main() -> Result<()> {
         Some("demo") => run(&mut kvb(&["demo"])),
         Some("ci") => ci(),
         Some("bench") => bench(&args[1..]),
+        Some("fuzz") => fuzz::run(&args[1..]),
         _ => {
             eprintln!("{USAGE}");
             bail!("unknown or missing command");
@@ -193,6 +202,7 @@ fn bench(args: &[String]) -> Result<()> {
         // ~2 s of samples each are stable enough to compare, and the whole run stays near 2 min.
         Some("concurrency") => bench::run_concurrency_only(&args[1..], &kvb_binary()?),
         Some("server") => bench::server::run(&args[1..], &kvb_binary()?),
+        Some("soak") => bench::soak::run(&args[1..], &kvb_binary()?),
         Some("peers") => bench::peers::run(&args[1..], &kvb_binary()?),
         Some("cache") => run(cargo().args([
             "bench",

@@ -193,6 +193,27 @@ fn family_of(arch: &str, model_type: Option<&str>) -> Option<Family> {
     })
 }
 
+/// The largest value a size field may take: well past every real model (vocabularies of 256k,
+/// contexts of 1M tokens, hidden sizes of 16k), far below sizes whose products could overflow.
+const SIZE_LIMIT: usize = 1 << 24;
+/// The largest count of layers or of heads (real models have at most a few hundred).
+const COUNT_LIMIT: usize = 1 << 12;
+
+/// `v` if it is at most its field's limit ([`COUNT_LIMIT`] for layer and head counts, else
+/// [`SIZE_LIMIT`]).
+fn within_limit(v: usize, name: &str) -> std::result::Result<usize, String> {
+    let limit = match name {
+        "num_hidden_layers" | "num_attention_heads" | "num_key_value_heads" => COUNT_LIMIT,
+        _ => SIZE_LIMIT,
+    };
+    if v > limit {
+        return Err(format!(
+            "`{name}` is {v}, beyond any model kvb can run (at most {limit})"
+        ));
+    }
+    Ok(v)
+}
+
 fn token_ids(value: &Option<serde_json::Value>) -> Vec<u32> {
     match value {
         Some(serde_json::Value::Number(n)) => {
@@ -267,20 +288,28 @@ impl ModelConfig {
             }
         }
 
+        // Sizes are bounded far above any real model so that a corrupt or hostile config is an
+        // error here, never an allocation sized by a length field later.
         let need = |v: Option<usize>, name: &str| {
-            v.filter(|&x| x > 0)
-                .ok_or_else(|| bad(format!("`{name}` is missing or zero")))
+            let v = v
+                .filter(|&x| x > 0)
+                .ok_or_else(|| bad(format!("`{name}` is missing or zero")))?;
+            within_limit(v, name).map_err(bad)
         };
         let hidden_size = need(raw.hidden_size, "hidden_size")?;
         let num_heads = need(raw.num_attention_heads, "num_attention_heads")?;
-        let num_kv_heads = raw.num_key_value_heads.unwrap_or(num_heads);
+        let num_kv_heads = within_limit(
+            raw.num_key_value_heads.unwrap_or(num_heads),
+            "num_key_value_heads",
+        )
+        .map_err(bad)?;
         if num_kv_heads == 0 || num_heads % num_kv_heads != 0 {
             return Err(bad(format!(
                 "{num_heads} attention heads cannot share {num_kv_heads} key/value heads"
             )));
         }
         let head_dim = match raw.head_dim {
-            Some(d) => d,
+            Some(d) => within_limit(d, "head_dim").map_err(bad)?,
             None if hidden_size % num_heads == 0 => hidden_size / num_heads,
             None => {
                 return Err(bad(format!(
@@ -321,6 +350,24 @@ impl ModelConfig {
         };
         let o_proj_bias = family != Family::Qwen2 && attention_bias;
         let bos = token_ids(&raw.bos_token_id).first().copied();
+        let max_position_embeddings = match raw.max_position_embeddings {
+            None => 2048,
+            Some(0) => return Err(bad("`max_position_embeddings` is zero".into())),
+            Some(n) => within_limit(n, "max_position_embeddings").map_err(bad)?,
+        };
+        let rms_norm_eps = raw.rms_norm_eps.unwrap_or(1e-6);
+        if !(rms_norm_eps.is_finite() && rms_norm_eps >= 0.0) {
+            return Err(bad(format!(
+                "`rms_norm_eps` {rms_norm_eps} is not a finite non-negative number"
+            )));
+        }
+        // As f32, as the model uses it: a value past f32's range would be infinite.
+        let rope_theta = raw.rope_theta.unwrap_or(10_000.0) as f32;
+        if !(rope_theta.is_finite() && rope_theta > 0.0) {
+            return Err(bad(format!(
+                "`rope_theta` {rope_theta} is not a finite positive number"
+            )));
+        }
         Ok(ModelConfig {
             architecture: arch,
             family,
@@ -331,9 +378,9 @@ impl ModelConfig {
             num_kv_heads,
             head_dim,
             vocab_size: need(raw.vocab_size, "vocab_size")?,
-            max_position_embeddings: raw.max_position_embeddings.unwrap_or(2048),
-            rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-6),
-            rope_theta: raw.rope_theta.unwrap_or(10_000.0) as f32,
+            max_position_embeddings,
+            rms_norm_eps,
+            rope_theta,
             rope_scaling,
             tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(family == Family::Gemma),
             attention_bias,
@@ -430,10 +477,18 @@ fn parse_rope_scaling(value: Option<&serde_json::Value>) -> Result<RopeScaling, 
         .and_then(|v| v.as_str())
         .unwrap_or("default");
     let num = |name: &str| -> Result<f32, String> {
-        obj.get(name)
+        let v = obj
+            .get(name)
             .and_then(|v| v.as_f64())
             .map(|v| v as f32)
-            .ok_or_else(|| format!("rope_scaling of type {kind} lacks `{name}`"))
+            .ok_or_else(|| format!("rope_scaling of type {kind} lacks `{name}`"))?;
+        // As f32, as the model uses it: a value past f32's range would be infinite.
+        if !(v.is_finite() && v > 0.0) {
+            return Err(format!(
+                "rope_scaling `{name}` is {v}; it must be a finite positive number"
+            ));
+        }
+        Ok(v)
     };
     match kind {
         "default" => Ok(RopeScaling::None),
@@ -556,5 +611,34 @@ mod tests {
                 .to_string();
             assert!(err.contains("rope frequency factors"), "{err}");
         }
+    }
+
+    #[test]
+    fn sizes_past_any_model_and_broken_numbers_are_refused_by_name() {
+        let with = |field: &str, value: serde_json::Value| {
+            let mut json: serde_json::Value = serde_json::from_str(LLAMA).unwrap();
+            json[field] = value;
+            ModelConfig::from_json(&json.to_string(), true)
+        };
+        for (field, value) in [
+            ("num_hidden_layers", serde_json::json!(5000)),
+            ("num_attention_heads", serde_json::json!(1u64 << 40)),
+            ("num_key_value_heads", serde_json::json!(8192)),
+            ("hidden_size", serde_json::json!(1u64 << 25)),
+            ("intermediate_size", serde_json::json!(1u64 << 30)),
+            ("vocab_size", serde_json::json!(u64::MAX)),
+            ("head_dim", serde_json::json!(1u64 << 26)),
+            ("max_position_embeddings", serde_json::json!(1u64 << 32)),
+            ("max_position_embeddings", serde_json::json!(0)),
+            ("rms_norm_eps", serde_json::json!(-1.0)),
+            ("rope_theta", serde_json::json!(0.0)),
+            ("rope_theta", serde_json::json!(1e300)),
+        ] {
+            let err = with(field, value.clone()).unwrap_err().to_string();
+            assert!(err.contains(field), "{field} = {value}: {err}");
+        }
+        // The largest real values pass.
+        assert!(with("max_position_embeddings", serde_json::json!(1_048_576)).is_ok());
+        assert!(with("vocab_size", serde_json::json!(262_144)).is_ok());
     }
 }

@@ -89,6 +89,7 @@ pub fn load_pretrained<B: ModelBackend>(
         ModelFormat::HfFolder => {
             let config = ModelConfig::from_file(&path.join("config.json"), options.strict)?;
             let tokenizer = Tokenizer::from_dir(path)?;
+            check_vocabulary(&tokenizer, &config)?;
             let weights = SafetensorsDir::open(path)?;
             (
                 Model::load_with(&config, &weights, options.weights, device, progress)?,
@@ -104,6 +105,7 @@ pub fn load_pretrained<B: ModelBackend>(
                     gguf.special_token("tokenizer.ggml.bos_token_id"),
                     gguf.special_token("tokenizer.ggml.eos_token_id"),
                 );
+            check_vocabulary(&tokenizer, &config)?;
             (
                 Model::load_with(&config, &gguf, options.weights, device, progress)?,
                 tokenizer,
@@ -116,4 +118,18 @@ pub fn load_pretrained<B: ModelBackend>(
         path: path.to_path_buf(),
         format,
     })
+}
+
+/// A tokenizer whose ids run past the model's embedding rows belongs to another model: its tokens
+/// would index rows that do not exist. Checked before any weight is read.
+fn check_vocabulary(tokenizer: &Tokenizer, config: &ModelConfig) -> Result<()> {
+    let tokens = tokenizer.vocab_size();
+    if tokens > config.vocab_size {
+        return Err(ModelError::Tokenizer(format!(
+            "the tokenizer has {tokens} tokens but the model's vocabulary has {} rows: the \
+             tokenizer belongs to another model",
+            config.vocab_size
+        )));
+    }
+    Ok(())
 }

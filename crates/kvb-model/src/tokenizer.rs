@@ -53,9 +53,18 @@ fn token_text(value: Option<&serde_json::Value>) -> Option<String> {
 impl Tokenizer {
     /// Builds a tokenizer from the text of a `tokenizer.json`.
     pub fn from_json(json: &str) -> Result<Self> {
-        let inner: tokenizers::Tokenizer = json
-            .parse()
+        // The tokenizers crate panics on some malformed files (an `expect` in its decoder's
+        // deserializer, found by fuzzing): a bad file must be an error, not a crash. Its panics
+        // come from JSON it cannot read (syntax, numbers out of range), so the file is read as
+        // JSON first (the error names line and column); anything else it might panic on is caught.
+        serde_json::from_str::<serde_json::Value>(json)
             .map_err(|e| ModelError::Tokenizer(format!("invalid tokenizer.json: {e}")))?;
+        let parsed =
+            std::panic::catch_unwind(|| json.parse::<tokenizers::Tokenizer>()).map_err(|_| {
+                ModelError::Tokenizer("invalid tokenizer.json: its parser gave up on it".into())
+            })?;
+        let inner =
+            parsed.map_err(|e| ModelError::Tokenizer(format!("invalid tokenizer.json: {e}")))?;
         Ok(Tokenizer {
             inner,
             chat_template: None,

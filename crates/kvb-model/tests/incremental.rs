@@ -179,7 +179,7 @@ fn positions_beyond_the_context_and_bad_tokens_are_errors() {
         "{err}"
     );
     let err = m
-        .forward(&[1, 500], &[0, 1], &mut cache, LogitsFor::Last)
+        .forward(&[1, 600], &[0, 1], &mut cache, LogitsFor::Last)
         .unwrap_err();
     assert!(err.to_string().contains("outside the vocabulary"), "{err}");
     let err = m

@@ -6,14 +6,8 @@
 //! `kvb replay` is the stable interface for outside harnesses: JSONL requests in, one JSON result
 //! line per request out (its fields are documented in the README and in `commands/replay.rs`).
 
-mod backend;
-mod commands;
-mod model_arg;
-mod peak_memory;
-mod serve;
-mod stop_signal;
-
 use clap::{Parser, Subcommand};
+use kvb_server::{commands, model_arg, serve};
 
 #[derive(Parser)]
 #[command(

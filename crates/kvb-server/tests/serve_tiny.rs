@@ -457,6 +457,14 @@ fn the_openapi_document_describes_every_route_and_each_answers() {
             "{field}"
         );
     }
+    // The document states the server's own limits, so clients generating from it stay valid.
+    let sampling = &schemas["Sampling"]["properties"];
+    assert_eq!(sampling["model"]["enum"], json!(["tiny"]));
+    assert_eq!(sampling["temperature"]["maximum"].as_f64(), Some(2.0));
+    assert_eq!(sampling["n"]["maximum"].as_f64(), Some(1.0));
+    assert_eq!(sampling["max_tokens"]["minimum"].as_f64(), Some(1.0));
+    let chat = &schemas["ChatCompletionRequest"]["allOf"][1]["properties"];
+    assert_eq!(chat["messages"]["minItems"], json!(1));
 }
 
 #[test]

@@ -29,7 +29,9 @@
 //! a plain map (model-based test); the disk tier survives a restart; truncated or bit-flipped
 //! segment files never yield a wrong chunk or a panic; a writer killed with SIGKILL at random
 //! points (50 rounds, `tests/crash.rs`) never leaves a wrong chunk, loses no acknowledged one and
-//! keeps the budget; concurrent readers and writers are safe.
+//! keeps the budget; a writer whose disk fills gets errors naming the file and keeps every
+//! acknowledged chunk; concurrent readers and writers are safe. The cargo feature `fuzzing`
+//! exposes the disk tier's parsers to the fuzz targets of `fuzz/` (module `fuzzing`).
 //!
 //! ```
 //! use kvb_hash::Namespace;
@@ -56,6 +58,8 @@
 mod chunk;
 pub mod codec;
 mod disk;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub mod kv_ops;
 mod policy;
 mod radix;

@@ -214,3 +214,96 @@ fn a_killed_writer_never_leaves_a_wrong_chunk() {
         );
     }
 }
+
+/// The full-disk child: the parent limits the size of any file it writes (RLIMIT_FSIZE, with
+/// SIGXFSZ ignored so a write past it fails with EFBIG, as on a full disk). It writes chunks into
+/// one ever-growing segment, printing `acked i` or `failed i: error` for each, then closes the
+/// store in order and prints `done`.
+#[test]
+#[ignore = "run by a_full_disk_fails_writes_cleanly_and_keeps_what_was_acknowledged"]
+fn full_disk_child() {
+    let Ok(dir) = std::env::var("KVB_FULL_DIR") else {
+        return;
+    };
+    let store = ChunkStore::new(one_segment_config(Path::new(&dir))).unwrap();
+    for i in 0..60 {
+        match store.insert(chunk_number(i)) {
+            Ok(_) => println!("acked {i}"),
+            Err(e) => println!("failed {i}: {e}"),
+        }
+    }
+    drop(store);
+    println!("done");
+}
+
+/// A large budget, and segments that never fill, so that one file grows into the size limit.
+fn one_segment_config(dir: &Path) -> StoreConfig {
+    let mut c = config(dir, 1 << 30);
+    if let Some(d) = c.disk.as_mut() {
+        d.segment_bytes = 1 << 30;
+    }
+    c
+}
+
+#[test]
+fn a_full_disk_fails_writes_cleanly_and_keeps_what_was_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let record_bytes = chunk_number(0).bytes() as u64 + 200;
+    // Room for about 20 records in a file (`ulimit -f` counts 512-byte blocks).
+    let blocks = 20 * record_bytes / 512;
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -f {blocks} && trap '' XFSZ && exec \"$0\" \"$@\""
+        ))
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "full_disk_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("KVB_FULL_DIR", dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("\ndone"),
+        "the writer did not finish cleanly: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut h = History::default();
+    let mut failures = Vec::new();
+    for line in stdout.lines() {
+        let mut parts = line.splitn(3, ' ');
+        let (Some(what), Some(Ok(i))) = (
+            parts.next(),
+            parts.next().map(|n| n.trim_end_matches(':').parse::<u64>()),
+        ) else {
+            continue;
+        };
+        h.begun.insert(i);
+        match what {
+            "acked" => {
+                h.acked.insert(i);
+            }
+            "failed" => failures.push(line.to_string()),
+            _ => {}
+        }
+    }
+    assert!(h.acked.len() >= 10, "too few writes succeeded: {stdout}");
+    assert!(!failures.is_empty(), "the size limit never bit: {stdout}");
+    assert!(
+        failures.iter().all(|f| f.contains("File too large")),
+        "a failure without the reason: {failures:?}"
+    );
+    // Everything acknowledged is there, bit for bit; nothing else is.
+    let kept = check(dir.path(), 1 << 30, &h, true, "after the disk filled");
+    assert!(kept >= h.acked.len(), "{kept} of {} kept", h.acked.len());
+    // With room again, the same folder takes new chunks.
+    let store = ChunkStore::new(one_segment_config(dir.path())).unwrap();
+    let fresh = chunk_number(1_000);
+    store.insert(fresh.clone()).unwrap();
+    assert_eq!(*store.get(&fresh.prefix_key).unwrap().unwrap(), fresh);
+}

@@ -9,6 +9,7 @@ mod plots;
 mod report;
 mod results;
 pub mod server;
+pub mod soak;
 mod workloads;
 
 use anyhow::{bail, Context, Result};

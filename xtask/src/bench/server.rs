@@ -75,15 +75,22 @@ fn parse(args: &[String]) -> Result<Options> {
 }
 
 /// A `kvb serve` process on a free loopback port, killed when dropped.
-struct ServeProcess {
+pub(crate) struct ServeProcess {
     child: Child,
-    base: String,
+    pub base: String,
 }
 
 impl ServeProcess {
-    fn start(kvb: &Path, model: Option<&Path>, log: &Path) -> Result<Self> {
+    /// Starts `kvb serve` with `extra` flags after the benchmark's own.
+    pub(crate) fn start(
+        kvb: &Path,
+        model: Option<&Path>,
+        extra: &[&str],
+        log: &Path,
+    ) -> Result<Self> {
         let mut cmd = Command::new(kvb);
         cmd.args(["serve", "--port", "0", "--served-model-name", "bench"])
+            .args(extra)
             // Every client is admitted: the benchmark measures batching, not the queue's bound.
             .args(["--max-queue", "4096"]);
         if let Some(m) = model {
@@ -118,8 +125,13 @@ impl ServeProcess {
         }
     }
 
+    /// The process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// SIGTERM, then a kill if it has not exited within a minute.
-    fn stop(mut self) -> Result<()> {
+    pub(crate) fn stop(mut self) -> Result<()> {
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();
@@ -197,7 +209,7 @@ fn questions(corpus: &Path) -> Result<Vec<String>> {
 }
 
 /// One streamed chat turn: its timing and the answer's text.
-fn turn(
+pub(super) fn turn(
     http: &reqwest::blocking::Client,
     url: &str,
     messages: &[Value],
@@ -330,7 +342,7 @@ fn client(
 
 fn measure(kvb: &Path, o: &Options, clients: usize, raw: &Path) -> Result<ServerResult> {
     let log = raw.join(format!("serve-{clients}.log"));
-    let server = ServeProcess::start(kvb, o.model.as_deref(), &log)?;
+    let server = ServeProcess::start(kvb, o.model.as_deref(), &[], &log)?;
     let size = Size {
         text: o.text,
         turns: o.turns,

@@ -39,6 +39,16 @@ impl GgufModel {
         let file = File::open(path).map_err(|e| ModelError::io(path, e))?;
         // SAFETY: read-only map; every offset is checked against the map's length at parse time.
         let mmap = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(path, e))?;
+        Self::from_map(path, mmap)
+    }
+
+    /// A GGUF file held in memory (`name` appears in errors), read as [`Self::open`] reads a file.
+    pub fn from_bytes(name: &Path, bytes: &[u8]) -> Result<Self> {
+        let mmap = crate::weights::map_bytes(bytes).map_err(|e| ModelError::io(name, e))?;
+        Self::from_map(name, mmap)
+    }
+
+    fn from_map(path: &Path, mmap: Mmap) -> Result<Self> {
         let header = GgufHeader::parse(&mmap, path)?;
         let arch = header
             .get("general.architecture")?

@@ -13,6 +13,7 @@ pub use safetensors_dir::SafetensorsDir;
 
 use crate::error::Result;
 use crate::packed::BlockTensor;
+use memmap2::{Mmap, MmapMut};
 
 /// A tensor on the host: row-major f32 values and their shape.
 #[derive(Debug, Clone, PartialEq)]
@@ -58,4 +59,12 @@ impl StoredTensor {
             },
         }
     }
+}
+
+/// `bytes` copied into a read-only anonymous map, so that a model file held in memory is read by
+/// exactly the code that reads a mapped file.
+pub(crate) fn map_bytes(bytes: &[u8]) -> std::io::Result<Mmap> {
+    let mut map = MmapMut::map_anon(bytes.len())?;
+    map.copy_from_slice(bytes);
+    map.make_read_only()
 }

@@ -57,35 +57,56 @@ impl SafetensorsDir {
                 dir.display()
             )));
         }
-        let mut files = Vec::new();
-        let mut index = HashMap::new();
-        for (i, path) in paths.into_iter().enumerate() {
+        let mut dir = SafetensorsDir {
+            files: Vec::new(),
+            index: HashMap::new(),
+        };
+        for path in paths {
             let file = File::open(&path).map_err(|e| ModelError::io(&path, e))?;
             // SAFETY: the map is read-only; a file changed underneath us can only yield wrong
             // values, which the shape and size checks below and in `read` bound.
             let mmap = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(&path, e))?;
-            let (header_len, meta) = SafeTensors::read_metadata(&mmap).map_err(|e| {
-                ModelError::Weights(format!(
-                    "{}: invalid safetensors header: {e}",
-                    path.display()
-                ))
-            })?;
-            let data_start = 8 + header_len;
-            for (name, info) in meta.tensors() {
-                let (a, b) = info.data_offsets;
-                index.insert(
-                    name,
-                    (
-                        i,
-                        info.dtype,
-                        info.shape.clone(),
-                        data_start + a..data_start + b,
-                    ),
-                );
-            }
-            files.push((path, mmap));
+            dir.add_file(path, mmap)?;
         }
-        Ok(SafetensorsDir { files, index })
+        Ok(dir)
+    }
+
+    /// One safetensors file held in memory (`name` appears in errors), read as [`Self::open`]
+    /// reads a file.
+    pub fn from_bytes(name: &Path, bytes: &[u8]) -> Result<Self> {
+        let mmap = super::map_bytes(bytes).map_err(|e| ModelError::io(name, e))?;
+        let mut dir = SafetensorsDir {
+            files: Vec::new(),
+            index: HashMap::new(),
+        };
+        dir.add_file(name.to_path_buf(), mmap)?;
+        Ok(dir)
+    }
+
+    /// Validates the header of the file `mmap` and indexes its tensors.
+    fn add_file(&mut self, path: PathBuf, mmap: Mmap) -> Result<()> {
+        let (header_len, meta) = SafeTensors::read_metadata(&mmap).map_err(|e| {
+            ModelError::Weights(format!(
+                "{}: invalid safetensors header: {e}",
+                path.display()
+            ))
+        })?;
+        let data_start = 8 + header_len;
+        let i = self.files.len();
+        for (name, info) in meta.tensors() {
+            let (a, b) = info.data_offsets;
+            self.index.insert(
+                name,
+                (
+                    i,
+                    info.dtype,
+                    info.shape.clone(),
+                    data_start + a..data_start + b,
+                ),
+            );
+        }
+        self.files.push((path, mmap));
+        Ok(())
     }
 }
 

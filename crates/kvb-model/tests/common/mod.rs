@@ -128,12 +128,13 @@ pub fn write_safetensors_as(path: &Path, tensors: &[(String, Vec<usize>, Vec<f32
     safetensors::serialize_to_file(views, None, path).unwrap();
 }
 
-/// A tiny Llama config (GQA when `kv_heads < 4`).
+/// A tiny Llama config (GQA when `kv_heads < 4`); its vocabulary holds the fixture tokenizer's
+/// 407 tokens, which some tests load beside it.
 pub fn tiny_llama_config(kv_heads: usize) -> String {
     format!(
         r#"{{"architectures":["LlamaForCausalLM"],"hidden_size":32,"intermediate_size":64,
         "num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":{kv_heads},
-        "vocab_size":96,"max_position_embeddings":512,"rms_norm_eps":1e-5,"rope_theta":10000.0,
+        "vocab_size":512,"max_position_embeddings":512,"rms_norm_eps":1e-5,"rope_theta":10000.0,
         "tie_word_embeddings":false,"eos_token_id":1}}"#
     )
 }

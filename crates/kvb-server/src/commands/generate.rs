@@ -1,6 +1,7 @@
 //! `kvb generate`: one prompt in, streamed text out; timings on stderr.
 
 use super::engine_args::EngineArgs;
+use super::text_file::read_text_file;
 use crate::backend::{parse_backend, probe_device, with_backend};
 use crate::model_arg;
 use anyhow::Context;
@@ -79,8 +80,15 @@ pub struct GenerateArgs {
     #[command(flatten)]
     model: ModelArgs,
     /// The prompt text.
-    #[arg(long)]
-    prompt: String,
+    #[arg(
+        long,
+        required_unless_present = "prompt_file",
+        conflicts_with = "prompt_file"
+    )]
+    prompt: Option<String>,
+    /// Read the prompt from a file (`-`: standard input); it must be UTF-8 text.
+    #[arg(long, value_name = "PATH")]
+    prompt_file: Option<PathBuf>,
     /// Wrap the prompt as one user message with the model's chat template.
     #[arg(long)]
     chat: bool,
@@ -121,16 +129,21 @@ fn run_on<B: ModelBackend>(
     device: &B::Device,
 ) -> anyhow::Result<()> {
     probe_device::<B>(device, args.model.backend)?;
+    let text = match (&args.prompt, &args.prompt_file) {
+        (Some(text), _) => text.clone(),
+        (None, Some(file)) => read_text_file(file, "prompt file")?,
+        (None, None) => anyhow::bail!("give --prompt or --prompt-file"),
+    };
     let engine = model_arg::load_engine::<B>(path, args.engine.config(&args.model), device)?;
     let prompt = if args.chat {
         let mut messages = Vec::new();
         if let Some(system) = &args.system {
             messages.push(ChatMessage::new("system", system.clone()));
         }
-        messages.push(ChatMessage::new("user", args.prompt.clone()));
+        messages.push(ChatMessage::new("user", text));
         engine.tokenizer().apply_chat_template(&messages, true)?
     } else {
-        args.prompt.clone()
+        text
     };
     let mut stdout = std::io::stdout().lock();
     let r = engine

@@ -5,3 +5,4 @@ pub mod demo;
 pub mod engine_args;
 pub mod generate;
 pub mod replay;
+pub mod text_file;

@@ -39,12 +39,16 @@ pub struct Sampling {
     /// The served model's name (`GET /v1/models`).
     pub model: String,
     /// Upper bound on generated tokens.
+    #[schema(minimum = 1)]
     pub max_tokens: Option<u32>,
     /// The same, under its newer name (takes precedence).
+    #[schema(minimum = 1)]
     pub max_completion_tokens: Option<u32>,
     /// 0 (greedy) to 2.
+    #[schema(minimum = 0, maximum = 2)]
     pub temperature: Option<f32>,
     /// Nucleus sampling, in (0, 1].
+    #[schema(exclusive_minimum = 0, maximum = 1)]
     pub top_p: Option<f32>,
     /// Sampler seed: same seed, same tokens.
     pub seed: Option<u64>,
@@ -56,6 +60,7 @@ pub struct Sampling {
     /// Streaming options.
     pub stream_options: Option<StreamOptions>,
     /// Answers per request: only 1 is served.
+    #[schema(minimum = 1, maximum = 1)]
     pub n: Option<u32>,
 }
 
@@ -74,6 +79,7 @@ pub enum Content {
 pub struct ContentPart {
     /// Only `text` is served.
     #[serde(rename = "type")]
+    #[schema(pattern = "^text$")]
     pub kind: String,
     /// The text of a `text` part.
     pub text: Option<String>,
@@ -83,6 +89,7 @@ pub struct ContentPart {
 #[derive(Deserialize, Debug, Clone, ToSchema)]
 pub struct ChatMessageIn {
     /// `system`, `user`, `assistant` (or `developer`, read as `system`).
+    #[schema(pattern = "^(system|user|assistant|developer)$")]
     pub role: String,
     /// Its content.
     pub content: Content,
@@ -92,6 +99,7 @@ pub struct ChatMessageIn {
 #[derive(Deserialize, Debug, Clone, ToSchema)]
 pub struct ChatCompletionRequest {
     /// The conversation, rendered with the model's chat template.
+    #[schema(min_items = 1)]
     pub messages: Vec<ChatMessageIn>,
     /// Model, sampling and streaming settings.
     #[serde(flatten)]

@@ -195,6 +195,19 @@ async fn wrong_method(method: Method, uri: Uri) -> ApiError {
 ))]
 struct ApiDoc;
 
+/// The OpenAPI document as served: `model` takes the one name this server answers to, so that a
+/// client (or a fuzzer) generating requests from the document names it.
+fn served_document(doc: &utoipa::openapi::OpenApi, model_name: &str) -> serde_json::Value {
+    let mut json = serde_json::to_value(doc).unwrap_or_default();
+    if let Some(model) = json
+        .pointer_mut("/components/schemas/Sampling/properties/model")
+        .and_then(serde_json::Value::as_object_mut)
+    {
+        model.insert("enum".into(), serde_json::json!([model_name]));
+    }
+    json
+}
+
 /// Every route, and the OpenAPI document describing them.
 pub fn router(app: Arc<AppState>) -> Router {
     let limit = app.settings.max_body_bytes;
@@ -209,7 +222,7 @@ pub fn router(app: Arc<AppState>) -> Router {
         .routes(routes!(info::metrics))
         .routes(routes!(info::openapi))
         .split_for_parts();
-    let doc = Arc::new(doc);
+    let doc = Arc::new(served_document(&doc, &app.settings.model_name));
     v1.layer(axum::Extension(doc))
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)

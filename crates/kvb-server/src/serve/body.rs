@@ -30,16 +30,21 @@ impl<S: Send + Sync, T: JsonBody> FromRequest<S> for ApiJson<T> {
                 ApiError::bad_request(format!("cannot read the body: {}", e.body_text()), None)
             }
         })?;
-        let v: Value = serde_json::from_slice(&bytes)
-            .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}"), None))?;
-        if !v.is_object() {
-            return Err(ApiError::bad_request(
-                "the body must be a JSON object",
-                None,
-            ));
-        }
-        T::from_json(&v).map(ApiJson)
+        parse::<T>(&bytes).map(ApiJson)
     }
+}
+
+/// `bytes` read as the body of type `T`: JSON, an object, then the type's fields.
+pub fn parse<T: JsonBody>(bytes: &[u8]) -> Result<T, ApiError> {
+    let v: Value = serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}"), None))?;
+    if !v.is_object() {
+        return Err(ApiError::bad_request(
+            "the body must be a JSON object",
+            None,
+        ));
+    }
+    T::from_json(&v)
 }
 
 /// The body limit in force, put in each request's extensions so a 413 can state it.

@@ -70,18 +70,7 @@ pub async fn chat_completions(
     ApiJson(req): ApiJson<ChatCompletionRequest>,
 ) -> Response {
     let job = (|| {
-        if req.messages.is_empty() {
-            return Err(ApiError::bad_request(
-                "`messages` is empty",
-                Some("messages"),
-            ));
-        }
-        let messages = req
-            .messages
-            .iter()
-            .enumerate()
-            .map(|(i, m)| message(m, i))
-            .collect::<Result<Vec<_>, _>>()?;
+        let messages = chat_messages(&req.messages)?;
         let text = app
             .engine
             .tokenizer()
@@ -132,6 +121,22 @@ pub async fn completions(
         Ok(job) => run(app, job).await,
         Err(e) => refuse(&app, Kind::Text, e, arrival),
     }
+}
+
+/// The messages of a request for the chat template; none at all, an unknown role or a content
+/// part other than text is refused, naming the message.
+pub(super) fn chat_messages(messages: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::bad_request(
+            "`messages` is empty",
+            Some("messages"),
+        ));
+    }
+    messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| message(m, i))
+        .collect()
 }
 
 /// A message for the chat template; content parts other than text are refused.

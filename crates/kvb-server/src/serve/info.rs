@@ -1,17 +1,15 @@
 //! The routes around generation: models, health, warming, stats, metrics, the OpenAPI document.
 
-use super::api::{
-    ChatMessageIn, ErrorBody, Health, ModelCard, ModelList, WarmRequest, WarmResponse,
-};
+use super::api::{ErrorBody, Health, ModelCard, ModelList, WarmRequest, WarmResponse};
 use super::app::AppState;
 use super::body::ApiJson;
+use super::completions::chat_messages;
 use super::error::ApiError;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 use axum::{Extension, Json};
 use kvb_engine::{PoolStats, StoreStats};
-use kvb_model::ChatMessage;
 use serde::Serialize;
 use std::sync::Arc;
 use utoipa::ToSchema;
@@ -50,16 +48,7 @@ pub async fn warm(
     let text = match (req.text, req.messages) {
         (Some(t), None) => t,
         (None, Some(m)) => {
-            let messages: Vec<ChatMessage> = m
-                .iter()
-                .map(|m: &ChatMessageIn| match &m.content {
-                    super::api::Content::Text(t) => Ok(ChatMessage::new(m.role.clone(), t.clone())),
-                    super::api::Content::Parts(_) => Err(ApiError::bad_request(
-                        "warm takes text content only",
-                        Some("messages"),
-                    )),
-                })
-                .collect::<Result<_, _>>()?;
+            let messages = chat_messages(&m)?;
             app.engine
                 .tokenizer()
                 .apply_chat_template(&messages, false)
@@ -140,8 +129,6 @@ pub async fn metrics(State(app): State<Arc<AppState>>) -> impl IntoResponse {
 }
 
 #[utoipa::path(get, path = "/openapi.json", responses((status = 200, description = "This document (OpenAPI 3)", content_type = "application/json")))]
-pub async fn openapi(
-    Extension(doc): Extension<Arc<utoipa::openapi::OpenApi>>,
-) -> impl IntoResponse {
+pub async fn openapi(Extension(doc): Extension<Arc<serde_json::Value>>) -> impl IntoResponse {
     Json(doc.as_ref().clone())
 }

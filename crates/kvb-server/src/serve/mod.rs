@@ -23,10 +23,35 @@ use crate::model_arg;
 use anyhow::Context;
 use app::{AppState, ServedEngine, Settings};
 use clap::Args;
-use kvb_model::ModelBackend;
+use kvb_model::{ChatMessage, ModelBackend};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// Reads `body` as the server reads a POST to `route` (`/v1/chat/completions`, `/v1/completions`
+/// or `/v1/warm`) before anything reaches the engine: JSON, the route's fields, and the chat
+/// messages' roles and contents. `Ok` holds the messages for the chat template where the route
+/// takes them; `Err` the message of the 400 a client gets. Unknown routes are an `Err` too.
+pub fn read_body(route: &str, body: &[u8]) -> Result<Option<Vec<ChatMessage>>, String> {
+    let messages = match route {
+        "/v1/chat/completions" => {
+            let req = body::parse::<api::ChatCompletionRequest>(body).map_err(|e| e.message)?;
+            Some(completions::chat_messages(&req.messages).map_err(|e| e.message)?)
+        }
+        "/v1/completions" => {
+            body::parse::<api::CompletionRequest>(body).map_err(|e| e.message)?;
+            None
+        }
+        "/v1/warm" => match body::parse::<api::WarmRequest>(body).map_err(|e| e.message)? {
+            api::WarmRequest {
+                messages: Some(m), ..
+            } => Some(completions::chat_messages(&m).map_err(|e| e.message)?),
+            _ => None,
+        },
+        other => return Err(format!("no POST route {other}")),
+    };
+    Ok(messages)
+}
 
 /// Arguments of `kvb serve`.
 #[derive(Args, Debug)]

@@ -23,8 +23,8 @@
 //! the old segments, oldest first; a crash in between leaves duplicates that the next open
 //! resolves (later records win), and a tombstone is never deleted before the record it hides.
 
-mod record;
-mod segment_index;
+pub(crate) mod record;
+pub(crate) mod segment_index;
 
 use crate::chunk::KvChunk;
 use crate::codec::{decode, decode_meta, encode};

@@ -8,8 +8,8 @@ use kvb_hash::PrefixKey;
 
 pub(super) const MAGIC: &[u8; 4] = b"KVBR";
 pub(super) const VERSION: u8 = 1;
-pub(super) const KIND_CHUNK: u8 = 1;
-pub(super) const KIND_TOMBSTONE: u8 = 2;
+pub(crate) const KIND_CHUNK: u8 = 1;
+pub(crate) const KIND_TOMBSTONE: u8 = 2;
 pub(super) const HEADER: usize = 80;
 
 /// The checksum of a record: its header fields before the checksum, then its payload.
@@ -20,7 +20,7 @@ fn checksum(head: &[u8], payload: &[u8]) -> [u8; 32] {
     *h.finalize().as_bytes()
 }
 
-pub(super) fn record_bytes(kind: u8, key: &PrefixKey, payload: &[u8]) -> Vec<u8> {
+pub(crate) fn record_bytes(kind: u8, key: &PrefixKey, payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER + payload.len());
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&[VERSION, kind, 0, 0]);
@@ -33,7 +33,7 @@ pub(super) fn record_bytes(kind: u8, key: &PrefixKey, payload: &[u8]) -> Vec<u8>
 }
 
 /// A verified record found by a scan.
-pub(super) struct Scanned<'a> {
+pub(crate) struct Scanned<'a> {
     pub kind: u8,
     pub key: PrefixKey,
     pub payload: &'a [u8],
@@ -66,7 +66,7 @@ pub(super) fn parse_record(bytes: &[u8], pos: usize) -> Option<Scanned<'_>> {
 }
 
 /// Every intact record of a segment, in order; the count of corrupt stretches skipped.
-pub(super) fn scan(bytes: &[u8]) -> (Vec<Scanned<'_>>, u64) {
+pub(crate) fn scan(bytes: &[u8]) -> (Vec<Scanned<'_>>, u64) {
     let mut out = Vec::new();
     let mut corrupt = 0;
     let mut pos = 0;

@@ -21,7 +21,7 @@ const VERSION: u8 = 1;
 
 /// One record of a segment, as the index describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Entry {
+pub(crate) struct Entry {
     pub kind: u8,
     pub key: PrefixKey,
     pub offset: u64,
@@ -33,6 +33,16 @@ pub(super) struct Entry {
 /// Writes the index of a segment of `segment_len` bytes, durably: a temporary file, synced, then
 /// renamed over `path` (a crash leaves the old index or none, never half of one).
 pub(super) fn write(path: &Path, segment_len: u64, entries: &[Entry]) -> std::io::Result<()> {
+    let out = encode(segment_len, entries);
+    let tmp = path.with_extension("idx.tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(&out)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+/// The bytes of the index of a segment of `segment_len` bytes holding `entries`.
+pub(crate) fn encode(segment_len: u64, entries: &[Entry]) -> Vec<u8> {
     let mut out = Vec::with_capacity(24 + entries.len() * 160);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&[VERSION, 0, 0, 0]);
@@ -54,17 +64,17 @@ pub(super) fn write(path: &Path, segment_len: u64, entries: &[Entry]) -> std::io
     }
     let sum = blake3::hash(&out);
     out.extend_from_slice(sum.as_bytes());
-    let tmp = path.with_extension("idx.tmp");
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(&out)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)
+    out
 }
 
 /// The entries of the index at `path` if it is whole, intact and describes a segment of
 /// `segment_len` bytes; `None` otherwise (then the caller scans the segment).
 pub(super) fn read(path: &Path, segment_len: u64) -> Option<Vec<Entry>> {
-    let bytes = std::fs::read(path).ok()?;
+    parse(&std::fs::read(path).ok()?, segment_len)
+}
+
+/// The entries of the index `bytes`, as [`read`] says.
+pub(crate) fn parse(bytes: &[u8], segment_len: u64) -> Option<Vec<Entry>> {
     let body_len = bytes.len().checked_sub(32)?;
     let (body, sum) = bytes.split_at(body_len);
     if blake3::hash(body).as_bytes() != sum {

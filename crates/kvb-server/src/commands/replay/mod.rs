@@ -9,7 +9,7 @@
 //! line and the replay goes on; the exit status then says that some failed.
 
 mod outcome;
-mod requests;
+pub mod requests;
 mod summary;
 
 use super::engine_args::EngineArgs;

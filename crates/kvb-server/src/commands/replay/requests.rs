@@ -45,14 +45,18 @@ pub struct Message {
 
 /// Reads and checks every request line (blank lines are skipped).
 pub fn read_requests(path: &Path) -> anyhow::Result<Vec<Request>> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading the requests file {}", path.display()))?;
+    let text = crate::commands::text_file::read_text_file(path, "requests file")?;
+    parse_requests(&text, &path.display().to_string())
+}
+
+/// Checks the request lines of `text`, a file called `name` in errors.
+pub fn parse_requests(text: &str, name: &str) -> anyhow::Result<Vec<Request>> {
     let mut requests = Vec::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
-        let at = || format!("{} line {}", path.display(), i + 1);
+        let at = || format!("{name} line {}", i + 1);
         let r: Request = serde_json::from_str(line).with_context(at)?;
         match (&r.prompt, &r.messages) {
             (Some(_), Some(_)) => bail!("{}: give `prompt` or `messages`, not both", at()),
@@ -63,13 +67,12 @@ pub fn read_requests(path: &Path) -> anyhow::Result<Vec<Request>> {
         requests.push(r);
     }
     if requests.is_empty() {
-        bail!("{} holds no request", path.display());
+        bail!("{name} holds no request");
     }
     for group in by_client(&requests) {
         if let Some(first) = group.first().filter(|r| r.continue_chat) {
             bail!(
-                "{}: request {} continues a chat its client has not started",
-                path.display(),
+                "{name}: request {} continues a chat its client has not started",
                 first.id
             );
         }
