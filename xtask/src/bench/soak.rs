@@ -4,8 +4,9 @@
 //! warms of a document, streams dropped after their first token (the server must cancel them and
 //! free their blocks) and malformed bodies (which must get a 400). The server's resident memory
 //! is sampled every two seconds. The pool (384 MiB) and the chunk store (128 MiB) get budgets small
-//! enough to fill during warm-up (8 clients on the default model fill them in about 140 s). It passes when no request failed, resident memory grew less
-//! than 5% between the end of warm-up (the first third of the run) and the end, and, once the
+//! enough to fill early; warm-up lasts until the pool has been full once, and at least the first
+//! third of the run (8 clients on the default model fill it in 150 to 180 s). It passes when no request failed, resident memory grew less
+//! than 5% between the end of warm-up and the end, and, once the
 //! load stops, the pool holds nothing but the resident cache (no running or waiting sequence,
 //! every used block indexed by the radix tree).
 
@@ -112,15 +113,20 @@ pub fn run(args: &[String], kvb: &Path) -> Result<()> {
     let start = Instant::now();
     let deadline = start + o.duration;
     let mut samples: Vec<(f64, u64)> = Vec::new();
+    let mut pool_full_at: Option<f64> = None;
     std::thread::scope(|s| {
         for c in 0..o.clients {
             let (base, system, document, tally) = (&server.base, &system, &document, &tally);
             let max_tokens = o.max_tokens;
             s.spawn(move || client(c, base, system, document, max_tokens, deadline, tally));
         }
+        let http = reqwest::blocking::Client::new();
         while Instant::now() < deadline {
             if let Some(rss) = resident_bytes(server.pid()) {
                 samples.push((start.elapsed().as_secs_f64(), rss));
+            }
+            if pool_full_at.is_none() && pool_has_been_full(&http, &server.base) {
+                pool_full_at = Some(start.elapsed().as_secs_f64());
             }
             std::thread::sleep(Duration::from_secs(2));
         }
@@ -132,7 +138,12 @@ pub fn run(args: &[String], kvb: &Path) -> Result<()> {
     }
     server.stop()?;
 
-    let warm_end = o.duration.as_secs_f64() / 3.0;
+    // Warm-up lasts until the pool has been full once (its resident cache at its budget), and
+    // at least a third of the run.
+    let Some(full_at) = pool_full_at else {
+        bail!("the pool never filled: run longer (--duration) or with more clients");
+    };
+    let warm_end = full_at.max(o.duration.as_secs_f64() / 3.0);
     let after_warmup = samples
         .iter()
         .find(|(t, _)| *t >= warm_end)
@@ -155,7 +166,7 @@ pub fn run(args: &[String], kvb: &Path) -> Result<()> {
     let mut report = format!(
         "# kvb serve soak\n\n{} clients for {:.0} s (pool {} MiB, chunk store {} MiB): {} requests \
          ({}), {} failed.\n\n\
-         Resident memory: {:.1} MB after warm-up ({:.0} s), {:.1} MB at the end, peak {:.1} MB: \
+         Resident memory: {:.1} MB after warm-up ({:.0} s: the pool full, a third of the run), {:.1} MB at the end, peak {:.1} MB: \
          growth {:+.2}% (limit {:.0}%).\n\nPool after the load: {} running, {} waiting, \
          {} blocks used, {} of them resident (blocks held by no sequence and no tree: {leaked}).\n",
         o.clients,
@@ -216,6 +227,20 @@ fn resident_bytes(pid: u32) -> Option<u64> {
         .parse()
         .ok()?;
     Some(kb * 1024)
+}
+
+/// Whether the pool has used every block of its budget at some point.
+fn pool_has_been_full(http: &reqwest::blocking::Client, base: &str) -> bool {
+    let stats: Option<Value> = http
+        .get(format!("{base}/v1/stats"))
+        .send()
+        .and_then(|r| r.json())
+        .ok();
+    stats.is_some_and(|s| {
+        let pool = &s["pool"];
+        pool["blocks_total"].as_u64() > Some(0)
+            && pool["peak_blocks_used"].as_u64() >= pool["blocks_total"].as_u64()
+    })
 }
 
 /// The pool's stats once nothing runs or waits (dropped streams are cancelled at the engine's
