@@ -198,6 +198,18 @@ fn a_prompt_file_that_is_not_utf8_names_the_byte() {
     );
 }
 
+#[test]
+fn a_cache_folder_that_cannot_be_written_is_named() {
+    // Tests run as root here, so permissions cannot make a folder read-only; /proc refuses new
+    // folders to everyone.
+    let (_d, model) = tiny_model();
+    refused_untouched(
+        &model,
+        &["--disk-dir", "/proc/kvb-cache"],
+        &["disk tier: /proc/kvb-cache"],
+    );
+}
+
 /// `kvb generate` on `model` with a disk tier in `disk`: (stdout, stderr).
 fn generate_with_disk(model: &Path, disk: &Path, prompt: &str) -> (String, String) {
     let out = kvb(&[
