@@ -334,3 +334,13 @@ pub struct ErrorDetail {
     /// A code for programs (`context_length_exceeded`, `model_not_found`, ...).
     pub code: Option<&'static str>,
 }
+
+/// One server-sent event of a streamed answer, as a client's SSE parser sees it: `data` holds a
+/// chunk (`ChatCompletionChunk` or `Completion`) as JSON text, and `[DONE]` at the end. It only
+/// describes the stream in the OpenAPI document; the events are written by the SSE layer.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct StreamEvent {
+    /// The chunk as JSON text, or `[DONE]`.
+    pub data: String,
+}

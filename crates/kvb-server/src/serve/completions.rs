@@ -58,7 +58,8 @@ enum PromptInput {
     path = "/v1/chat/completions",
     request_body = ChatCompletionRequest,
     responses(
-        (status = 200, description = "The answer; with `stream`, server-sent `ChatCompletionChunk`s then `[DONE]`", body = ChatCompletion),
+        (status = 200, description = "The answer; with `stream`, server-sent `ChatCompletionChunk`s then `[DONE]`",
+         content((ChatCompletion = "application/json"), (StreamEvent = "text/event-stream"))),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 413, body = ErrorBody),
         (status = 503, body = ErrorBody), (status = 504, body = ErrorBody),
@@ -97,7 +98,8 @@ pub async fn chat_completions(
     path = "/v1/completions",
     request_body = CompletionRequest,
     responses(
-        (status = 200, description = "The answer; with `stream`, server-sent `Completion` chunks then `[DONE]`", body = Completion),
+        (status = 200, description = "The answer; with `stream`, server-sent `Completion` chunks then `[DONE]`",
+         content((Completion = "application/json"), (StreamEvent = "text/event-stream"))),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 413, body = ErrorBody),
         (status = 503, body = ErrorBody), (status = 504, body = ErrorBody),
