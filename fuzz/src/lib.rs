@@ -206,15 +206,20 @@ pub fn replay_lines(data: &[u8]) {
 /// body, read as the server reads it; chat messages are then rendered with a real chat template
 /// (SmolLM2's).
 pub fn server_body(data: &[u8]) {
-    const ROUTES: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/v1/warm"];
     let Some((&pick, body)) = data.split_first() else {
         return;
     };
-    let route = ROUTES[usize::from(pick) % ROUTES.len()];
+    let route = body_route(pick);
     if let Ok(Some(messages)) = kvb_server::serve::read_body(route, body) {
         assert!(!messages.is_empty(), "a chat accepted with no message");
         let _ = chat_tokenizer().apply_chat_template(&messages, true);
     }
+}
+
+/// The POST route a `server_body` input's first byte picks.
+pub fn body_route(pick: u8) -> &'static str {
+    const ROUTES: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/v1/warm"];
+    ROUTES[usize::from(pick) % ROUTES.len()]
 }
 
 /// A tokenizer with SmolLM2's chat template (and the tiny Llama fixture's vocabulary).

@@ -57,6 +57,28 @@ fn every_target_has_seeds_and_runs_clean_on_them_and_on_its_regressions() {
 }
 
 #[test]
+fn every_target_has_a_libfuzzer_binary_and_every_binary_a_target() {
+    // `cargo xtask fuzz` runs the binaries `cargo fuzz list` names: they and TARGETS must agree.
+    let manifest = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
+    let mut bins: Vec<&str> = manifest
+        .split("[[bin]]")
+        .skip(1)
+        .filter_map(|b| b.lines().find_map(|l| l.strip_prefix("name = ")))
+        .map(|n| n.trim_matches('"'))
+        .collect();
+    let mut names: Vec<&str> = TARGETS.iter().map(|t| t.0).collect();
+    bins.sort();
+    names.sort();
+    assert_eq!(bins, names);
+    for name in names {
+        assert!(
+            root().join(format!("fuzz_targets/{name}.rs")).is_file(),
+            "{name}"
+        );
+    }
+}
+
+#[test]
 fn the_gguf_seeds_load_as_whole_models() {
     // A seed that failed early would leave the deeper code (tokenizer, weights, the model) unfuzzed.
     for (path, bytes) in inputs("seeds", "gguf") {
@@ -80,8 +102,7 @@ fn the_gguf_seeds_load_as_whole_models() {
 fn the_request_seeds_are_accepted() {
     for (path, bytes) in inputs("seeds", "server_body") {
         let (route, body) = bytes.split_first().unwrap();
-        let route = ["/v1/chat/completions", "/v1/completions", "/v1/warm"][*route as usize % 3];
-        kvb_server::serve::read_body(route, body)
+        kvb_server::serve::read_body(kvb_fuzz::body_route(*route), body)
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     }
     let mixed = std::fs::read_to_string(root().join("seeds/replay_lines/mixed.jsonl")).unwrap();

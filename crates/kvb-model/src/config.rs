@@ -199,13 +199,8 @@ const SIZE_LIMIT: usize = 1 << 24;
 /// The largest count of layers or of heads (real models have at most a few hundred).
 const COUNT_LIMIT: usize = 1 << 12;
 
-/// `v` if it is at most its field's limit ([`COUNT_LIMIT`] for layer and head counts, else
-/// [`SIZE_LIMIT`]).
-fn within_limit(v: usize, name: &str) -> std::result::Result<usize, String> {
-    let limit = match name {
-        "num_hidden_layers" | "num_attention_heads" | "num_key_value_heads" => COUNT_LIMIT,
-        _ => SIZE_LIMIT,
-    };
+/// `v` if it is at most `limit` ([`COUNT_LIMIT`] or [`SIZE_LIMIT`]); the error names the field.
+fn within_limit(v: usize, name: &str, limit: usize) -> std::result::Result<usize, String> {
     if v > limit {
         return Err(format!(
             "`{name}` is {v}, beyond any model kvb can run (at most {limit})"
@@ -290,17 +285,18 @@ impl ModelConfig {
 
         // Sizes are bounded far above any real model so that a corrupt or hostile config is an
         // error here, never an allocation sized by a length field later.
-        let need = |v: Option<usize>, name: &str| {
+        let need = |v: Option<usize>, name: &str, limit: usize| {
             let v = v
                 .filter(|&x| x > 0)
                 .ok_or_else(|| bad(format!("`{name}` is missing or zero")))?;
-            within_limit(v, name).map_err(bad)
+            within_limit(v, name, limit).map_err(bad)
         };
-        let hidden_size = need(raw.hidden_size, "hidden_size")?;
-        let num_heads = need(raw.num_attention_heads, "num_attention_heads")?;
+        let hidden_size = need(raw.hidden_size, "hidden_size", SIZE_LIMIT)?;
+        let num_heads = need(raw.num_attention_heads, "num_attention_heads", COUNT_LIMIT)?;
         let num_kv_heads = within_limit(
             raw.num_key_value_heads.unwrap_or(num_heads),
             "num_key_value_heads",
+            COUNT_LIMIT,
         )
         .map_err(bad)?;
         if num_kv_heads == 0 || num_heads % num_kv_heads != 0 {
@@ -309,7 +305,7 @@ impl ModelConfig {
             )));
         }
         let head_dim = match raw.head_dim {
-            Some(d) => within_limit(d, "head_dim").map_err(bad)?,
+            Some(d) => within_limit(d, "head_dim", SIZE_LIMIT).map_err(bad)?,
             None if hidden_size % num_heads == 0 => hidden_size / num_heads,
             None => {
                 return Err(bad(format!(
@@ -353,7 +349,7 @@ impl ModelConfig {
         let max_position_embeddings = match raw.max_position_embeddings {
             None => 2048,
             Some(0) => return Err(bad("`max_position_embeddings` is zero".into())),
-            Some(n) => within_limit(n, "max_position_embeddings").map_err(bad)?,
+            Some(n) => within_limit(n, "max_position_embeddings", SIZE_LIMIT).map_err(bad)?,
         };
         let rms_norm_eps = raw.rms_norm_eps.unwrap_or(1e-6);
         if !(rms_norm_eps.is_finite() && rms_norm_eps >= 0.0) {
@@ -372,12 +368,12 @@ impl ModelConfig {
             architecture: arch,
             family,
             hidden_size,
-            intermediate_size: need(raw.intermediate_size, "intermediate_size")?,
-            num_layers: need(raw.num_hidden_layers, "num_hidden_layers")?,
+            intermediate_size: need(raw.intermediate_size, "intermediate_size", SIZE_LIMIT)?,
+            num_layers: need(raw.num_hidden_layers, "num_hidden_layers", COUNT_LIMIT)?,
             num_heads,
             num_kv_heads,
             head_dim,
-            vocab_size: need(raw.vocab_size, "vocab_size")?,
+            vocab_size: need(raw.vocab_size, "vocab_size", SIZE_LIMIT)?,
             max_position_embeddings,
             rms_norm_eps,
             rope_theta,

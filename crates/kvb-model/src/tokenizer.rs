@@ -55,14 +55,16 @@ impl Tokenizer {
     pub fn from_json(json: &str) -> Result<Self> {
         // The tokenizers crate panics on some malformed files (an `expect` in its decoder's
         // deserializer, found by fuzzing): a bad file must be an error, not a crash. Its panics
-        // come from JSON it cannot read (syntax, numbers out of range), so the file is read as
-        // JSON first (the error names line and column); anything else it might panic on is caught.
-        serde_json::from_str::<serde_json::Value>(json)
+        // come from JSON it cannot read (syntax, numbers out of range), so the text is read as
+        // JSON once, here (the error names line and column), and the tokenizer is built from
+        // that value; anything else it might panic on is caught.
+        let value: serde_json::Value = serde_json::from_str(json)
             .map_err(|e| ModelError::Tokenizer(format!("invalid tokenizer.json: {e}")))?;
         let parsed =
-            std::panic::catch_unwind(|| json.parse::<tokenizers::Tokenizer>()).map_err(|_| {
-                ModelError::Tokenizer("invalid tokenizer.json: its parser gave up on it".into())
-            })?;
+            std::panic::catch_unwind(|| serde_json::from_value::<tokenizers::Tokenizer>(value))
+                .map_err(|_| {
+                    ModelError::Tokenizer("invalid tokenizer.json: its parser gave up on it".into())
+                })?;
         let inner =
             parsed.map_err(|e| ModelError::Tokenizer(format!("invalid tokenizer.json: {e}")))?;
         Ok(Tokenizer {

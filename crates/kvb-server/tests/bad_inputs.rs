@@ -210,9 +210,14 @@ fn a_cache_folder_that_cannot_be_written_is_named() {
     );
 }
 
-/// `kvb generate` on `model` with a disk tier in `disk`: (stdout, stderr).
-fn generate_with_disk(model: &Path, disk: &Path, prompt: &str) -> (String, String) {
-    let out = kvb(&[
+/// `kvb generate` on `model` with a disk tier in `disk` and `extra` flags: (stdout, stderr).
+fn generate_with_disk_and(
+    model: &Path,
+    disk: &Path,
+    prompt: &str,
+    extra: &[&str],
+) -> (String, String) {
+    let mut args = vec![
         "generate",
         "--model",
         model.to_str().unwrap(),
@@ -223,10 +228,17 @@ fn generate_with_disk(model: &Path, disk: &Path, prompt: &str) -> (String, Strin
         prompt,
         "--max-new-tokens",
         "8",
-    ]);
+    ];
+    args.extend(extra);
+    let out = kvb(&args);
     let err = stderr(&out);
     assert!(out.status.success(), "{err}");
     (String::from_utf8_lossy(&out.stdout).into_owned(), err)
+}
+
+/// [`generate_with_disk_and`] with no extra flag.
+fn generate_with_disk(model: &Path, disk: &Path, prompt: &str) -> (String, String) {
+    generate_with_disk_and(model, disk, prompt, &[])
 }
 
 /// The cached-token count of a `kvb generate` summary line.
@@ -279,22 +291,8 @@ fn a_cache_folder_of_another_model_or_settings_is_never_mixed_in_and_keeps_its_r
     let fresh = dir.path().join("fresh");
     assert_eq!(qwen, generate_with_disk(&other, &fresh, PROMPT).0);
     // Other settings (an 8-bit store): no hit either.
-    let out = kvb(&[
-        "generate",
-        "--model",
-        model.to_str().unwrap(),
-        "--disk-dir",
-        disk.to_str().unwrap(),
-        "--no-resident",
-        "--kv-precision",
-        "int8",
-        "--prompt",
-        PROMPT,
-        "--max-new-tokens",
-        "8",
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(cached(&stderr(&out)), 0, "{}", stderr(&out));
+    let (_, err) = generate_with_disk_and(&model, &disk, PROMPT, &["--kv-precision", "int8"]);
+    assert_eq!(cached(&err), 0, "{err}");
     // The first model's records are still there and still reused.
     let (again, err) = generate_with_disk(&model, &disk, PROMPT);
     assert_eq!(again, llama);

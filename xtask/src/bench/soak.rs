@@ -229,15 +229,19 @@ fn resident_bytes(pid: u32) -> Option<u64> {
     Some(kb * 1024)
 }
 
-/// Whether the pool has used every block of its budget at some point.
-fn pool_has_been_full(http: &reqwest::blocking::Client, base: &str) -> bool {
-    let stats: Option<Value> = http
+/// The pool's part of `GET /v1/stats`.
+fn pool_stats(http: &reqwest::blocking::Client, base: &str) -> Result<Value> {
+    let stats: Value = http
         .get(format!("{base}/v1/stats"))
         .send()
         .and_then(|r| r.json())
-        .ok();
-    stats.is_some_and(|s| {
-        let pool = &s["pool"];
+        .context("reading /v1/stats")?;
+    Ok(stats["pool"].clone())
+}
+
+/// Whether the pool has used every block of its budget at some point.
+fn pool_has_been_full(http: &reqwest::blocking::Client, base: &str) -> bool {
+    pool_stats(http, base).is_ok_and(|pool| {
         pool["blocks_total"].as_u64() > Some(0)
             && pool["peak_blocks_used"].as_u64() >= pool["blocks_total"].as_u64()
     })
@@ -249,12 +253,7 @@ fn settle(base: &str) -> Result<Value> {
     let http = reqwest::blocking::Client::new();
     let end = Instant::now() + Duration::from_secs(60);
     loop {
-        let stats: Value = http
-            .get(format!("{base}/v1/stats"))
-            .send()
-            .and_then(|r| r.json())
-            .context("reading /v1/stats")?;
-        let pool = stats["pool"].clone();
+        let pool = pool_stats(&http, base)?;
         if (pool["running"] == 0 && pool["waiting"] == 0) || Instant::now() > end {
             return Ok(pool);
         }

@@ -12,21 +12,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-/// Every target in `fuzz/Cargo.toml`, in the order they run.
-const TARGETS: &[&str] = &[
-    "gguf",
-    "safetensors",
-    "config_json",
-    "tokenizer_json",
-    "store_codec",
-    "store_segment",
-    "store_damaged_segment",
-    "store_index",
-    "store_folder",
-    "replay_lines",
-    "server_body",
-];
-
 const USAGE: &str = "usage: cargo xtask fuzz [--time SECONDS] [--targets a,b] [--api-time SECONDS]
                         [--no-api | --api-only]
   runs each fuzz target for SECONDS (default 60); a crash leaves its input in
@@ -35,7 +20,7 @@ const USAGE: &str = "usage: cargo xtask fuzz [--time SECONDS] [--targets a,b] [-
 
 /// One target's run.
 struct Outcome {
-    target: &'static str,
+    target: String,
     runs: Option<u64>,
     seconds: f64,
     corpus: usize,
@@ -46,7 +31,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let mut seconds = 60u64;
     let mut api_seconds = 120u64;
     let (mut targets_on, mut api_on) = (true, true);
-    let mut chosen: Vec<&'static str> = TARGETS.to_vec();
+    let mut wanted: Option<Vec<String>> = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -67,22 +52,14 @@ pub fn run(args: &[String]) -> Result<()> {
                     .context("--time needs a number of seconds")?
             }
             "--targets" => {
-                let wanted: Vec<String> = it
-                    .next()
-                    .context("--targets needs a list")?
-                    .split(',')
-                    .map(String::from)
-                    .collect();
-                if let Some(bad) = wanted.iter().find(|w| !TARGETS.contains(&w.as_str())) {
-                    bail!("unknown fuzz target `{bad}`; the targets are {TARGETS:?}");
-                }
-                chosen.retain(|t| wanted.iter().any(|w| w == t));
+                let list = it.next().context("--targets needs a list")?;
+                wanted = Some(list.split(',').map(String::from).collect());
             }
             _ => bail!("{USAGE}"),
         }
     }
     if targets_on {
-        run_targets(&chosen, seconds)?;
+        run_targets(wanted, seconds)?;
     }
     if api_on {
         api::run(api_seconds, &super::kvb_binary()?)?;
@@ -90,15 +67,26 @@ pub fn run(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-fn run_targets(chosen: &[&'static str], seconds: u64) -> Result<()> {
+/// Runs `wanted` (every target when `None`) for `seconds` each.
+fn run_targets(wanted: Option<Vec<String>>, seconds: u64) -> Result<()> {
     ensure_tools()?;
+    let all = list_targets()?;
+    let chosen = match wanted {
+        None => all,
+        Some(w) => {
+            if let Some(bad) = w.iter().find(|t| !all.contains(t)) {
+                bail!("unknown fuzz target `{bad}`; the targets are {all:?}");
+            }
+            w
+        }
+    };
     let target_dir = fuzz_target_dir();
     // One build for every target: libFuzzer's coverage instrumentation, no sanitizer (the targets
     // are safe Rust; libFuzzer's RSS limit catches unbounded allocations), debug assertions on,
     // so arithmetic overflow is a crash.
     super::run(&mut fuzz_command("build", &target_dir))?;
     let mut outcomes = Vec::new();
-    for &target in chosen {
+    for target in chosen {
         outcomes.push(run_target(target, seconds, &target_dir)?);
     }
     print_table(&outcomes);
@@ -110,6 +98,26 @@ fn run_targets(chosen: &[&'static str], seconds: u64) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The targets `fuzz/Cargo.toml` declares, as `cargo fuzz list` names them (the crate's own
+/// tests check that they and its bodies agree).
+fn list_targets() -> Result<Vec<String>> {
+    let out = Command::new("cargo")
+        .args(["fuzz", "list", "--fuzz-dir", "fuzz"])
+        .output()
+        .context("running cargo fuzz list")?;
+    if !out.status.success() {
+        bail!(
+            "cargo fuzz list failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect())
 }
 
 /// Installs nightly (rustup) and cargo-fuzz (cargo install) if either is missing.
@@ -152,12 +160,12 @@ fn fuzz_command(verb: &str, target_dir: &Path) -> Command {
     c
 }
 
-fn run_target(target: &'static str, seconds: u64, target_dir: &Path) -> Result<Outcome> {
-    let corpus = target_dir.join("fuzz-corpus").join(target);
+fn run_target(target: String, seconds: u64, target_dir: &Path) -> Result<Outcome> {
+    let corpus = target_dir.join("fuzz-corpus").join(&target);
     std::fs::create_dir_all(&corpus).with_context(|| format!("creating {}", corpus.display()))?;
-    let seeds = Path::new("fuzz/seeds").join(target);
+    let seeds = Path::new("fuzz/seeds").join(&target);
     let mut cmd = fuzz_command("run", target_dir);
-    cmd.arg(target)
+    cmd.arg(&target)
         .arg(&corpus)
         .arg(&seeds)
         .arg("--")
