@@ -34,6 +34,12 @@ commands:
                 streams, malformed bodies) for a bounded time: no request may fail, resident
                 memory may grow < 5% after warm-up, the pool must return to its resident cache.
                 Options: --duration S (600), --clients N (8), --max-tokens N, --model PATH, --out DIR
+  bench fidelity  moved documents (7 documents x start/middle/end, warmed alone or inside another
+                prompt) through `kvb verify` per repair setting (none, selective, CacheBlend 5-50%,
+                adaptive thresholds) beside the noise floor (KIVI int8/int4 K/V, bf16 forward):
+                teacher-forced top-1, KL, identical answers, share recomputed; in
+                bench/results/<date>-fidelity/ (table, plots). Options: --max-new-tokens N (32),
+                --only a,b, --no-run (report from the JSON lines already there), --model PATH, --out DIR
   bench model   prefill/decode speed of the default model vs the machine's matmul rate
   bench peers   kvb beside PyTorch (f32, bf16) and llama.cpp (with and without its prompt cache)
                 on the same weights and threads: full prefill of ~512 and ~3,000 tokens, decode,
@@ -203,6 +209,7 @@ fn bench(args: &[String]) -> Result<()> {
         Some("concurrency") => bench::run_concurrency_only(&args[1..], &kvb_binary()?),
         Some("server") => bench::server::run(&args[1..], &kvb_binary()?),
         Some("soak") => bench::soak::run(&args[1..], &kvb_binary()?),
+        Some("fidelity") => bench::fidelity::run(&args[1..], &kvb_binary()?),
         Some("peers") => bench::peers::run(&args[1..], &kvb_binary()?),
         Some("cache") => run(cargo().args([
             "bench",

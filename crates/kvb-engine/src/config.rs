@@ -164,8 +164,15 @@ pub struct EngineConfig {
     pub recompute_overlap: usize,
     /// CacheBlend: the layer whose keys pick the tokens to recompute (1, as in the paper).
     pub cacheblend_probe_layer: usize,
-    /// CacheBlend: fraction of a reused chunk's tokens recomputed.
+    /// CacheBlend: layers its selection is refined over from the probe layer on (1: one
+    /// selection; more: the paper's gradual filtering, each layer keeping half the share of the
+    /// one before, down to the ratio).
+    pub cacheblend_filter_layers: usize,
+    /// CacheBlend: fraction of a reused chunk's tokens recomputed (with a threshold: at most).
     pub recompute_ratio: f32,
+    /// CacheBlend's adaptive budget: recompute every token whose keys at the probe layer moved
+    /// by more than this share of their squared norm in the new context (`None`: a fixed ratio).
+    pub recompute_threshold: Option<f32>,
     /// Precision of the K/V the chunk store keeps.
     pub kv_precision: KvPrecision,
     /// A disk tier for chunks evicted from RAM (survives restarts).
@@ -217,7 +224,9 @@ impl Default for EngineConfig {
             recompute_strategy: RecomputeStrategy::CacheBlend,
             recompute_overlap: 16,
             cacheblend_probe_layer: 1,
+            cacheblend_filter_layers: 1,
             recompute_ratio: 0.15,
+            recompute_threshold: None,
             kv_precision: KvPrecision::F32,
             disk_dir: None,
             disk_max_bytes: 4 << 30,
@@ -327,6 +336,13 @@ pub struct GenerateOptions {
     /// Only the first this many prompt tokens are kept for reuse (`None`: the whole prompt and
     /// the generated tokens).
     pub cacheable_prefix_len: Option<usize>,
+    /// Teacher forcing: generate exactly these tokens, whatever the model predicts (sampling
+    /// resumes if `max_new_tokens` goes past them). With [`GenerateOptions::keep_logits`] this
+    /// scores a reference answer position by position, as [`crate::Engine::verify`] does.
+    pub forced_tokens: Vec<u32>,
+    /// Return the logits of every generated position ([`crate::GenerationResult::logits`]), not
+    /// only the first's: a vocabulary's worth of floats per token.
+    pub keep_logits: bool,
 }
 
 impl Default for GenerateOptions {
@@ -337,6 +353,8 @@ impl Default for GenerateOptions {
             sampling: SamplingParams::default(),
             stop_strings: Vec::new(),
             cacheable_prefix_len: None,
+            forced_tokens: Vec::new(),
+            keep_logits: false,
         }
     }
 }

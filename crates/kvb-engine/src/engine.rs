@@ -34,6 +34,8 @@ pub(crate) struct Shared<B: ModelBackend> {
     /// an f16 pool: the same values at half the bytes).
     pub store_format: KvFormat,
     pub eos: Vec<u32>,
+    /// The weights' identity the namespace was built from (a sibling engine reuses it).
+    pub fingerprint: Vec<u8>,
     /// Written by the scheduler after each step.
     pub stats: Mutex<PoolStats>,
 }
@@ -149,6 +151,7 @@ impl<B: ModelBackend> Engine<B> {
             config,
             store_format,
             eos,
+            fingerprint: fingerprint.to_vec(),
             stats: Mutex::new(PoolStats::default()),
         });
         let (commands, inbox) = unbounded();
@@ -169,6 +172,31 @@ impl<B: ModelBackend> Engine<B> {
             pool_precision: precision,
             block_bytes,
         })
+    }
+
+    /// A new engine over the same weights (shared, not copied) with other settings and an
+    /// empty cache: to compare settings side by side without loading the model again.
+    pub fn sibling(&self, config: EngineConfig) -> Result<Self, EngineError> {
+        Self::new(
+            self.shared.model.clone(),
+            self.shared.tokenizer.clone(),
+            &self.shared.fingerprint,
+            config,
+        )
+    }
+
+    /// An engine over `model`, a variant of this one's (its weights rounded, say), with other
+    /// settings; `variant` names the change and keeps its keys apart from this engine's.
+    pub fn variant(
+        &self,
+        model: Model<B>,
+        variant: &str,
+        config: EngineConfig,
+    ) -> Result<Self, EngineError> {
+        let mut fingerprint = self.shared.fingerprint.clone();
+        fingerprint.extend_from_slice(b"\0variant:");
+        fingerprint.extend_from_slice(variant.as_bytes());
+        Self::new(model, self.shared.tokenizer.clone(), &fingerprint, config)
     }
 
     /// The model.
@@ -253,7 +281,13 @@ impl<B: ModelBackend> Engine<B> {
             return Err(EngineError::PromptTooLong { tokens: n, context });
         }
         let vocab = self.shared.model.config().vocab_size;
-        if let Some(&bad) = request.tokens.iter().find(|&&t| t as usize >= vocab) {
+        let forced = &request.options.forced_tokens;
+        if let Some(&bad) = request
+            .tokens
+            .iter()
+            .chain(forced)
+            .find(|&&t| t as usize >= vocab)
+        {
             return Err(EngineError::Config(format!(
                 "token id {bad} is outside the vocabulary of {vocab}"
             )));
@@ -277,7 +311,8 @@ impl<B: ModelBackend> Engine<B> {
             stop_strings: request.options.stop_strings.clone(),
             stop_at_eos: true,
         };
-        let run = Continuation::new(params, self.shared.eos.clone());
+        let run = Continuation::new(params, self.shared.eos.clone())
+            .forcing(request.options.forced_tokens.clone());
         let sink = Sink {
             events: events_tx,
             state: state.clone(),
@@ -356,7 +391,11 @@ impl<B: ModelBackend> Engine<B> {
     /// chunk store, so later prompts that start with it (or hold it anywhere, by content) reuse
     /// it. A prefix already cached is reused, not recomputed.
     pub fn warm(&self, text: &str) -> Result<WarmResult, EngineError> {
-        let tokens = self.shared.tokenizer.encode(text, false)?;
+        self.warm_tokens(&self.shared.tokenizer.encode(text, false)?)
+    }
+
+    /// As [`Engine::warm`], from token ids.
+    pub fn warm_tokens(&self, tokens: &[u32]) -> Result<WarmResult, EngineError> {
         if tokens.is_empty() {
             return Ok(WarmResult {
                 chunks_stored: 0,
@@ -370,7 +409,9 @@ impl<B: ModelBackend> Engine<B> {
             mode: GenerationMode::PrefixCache,
             ..Default::default()
         };
-        let r = self.submit(Request::new(tokens, options))?.wait()?;
+        let r = self
+            .submit(Request::new(tokens.to_vec(), options))?
+            .wait()?;
         Ok(WarmResult {
             chunks_stored: r.stored_chunks,
             tokens: count,
@@ -418,6 +459,16 @@ fn check_config(c: &EngineConfig) -> Result<(), EngineError> {
             "recompute_ratio {} is not in 0..=1",
             c.recompute_ratio
         ));
+    }
+    if c.cacheblend_filter_layers == 0 {
+        return bad("cacheblend_filter_layers must be at least 1".into());
+    }
+    if let Some(t) = c.recompute_threshold {
+        if !(t >= 0.0 && t.is_finite()) {
+            return bad(format!(
+                "recompute_threshold {t} must be a finite number >= 0"
+            ));
+        }
     }
     Ok(())
 }

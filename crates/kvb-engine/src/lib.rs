@@ -59,7 +59,10 @@ pub use config::{
     default_pool_bytes, EngineConfig, GenerateOptions, GenerationMode, KvPrecision, PoolDtype,
 };
 pub use engine::Engine;
-pub use fidelity::{kl_divergence, token_agreement, FidelityReport};
+pub use fidelity::{
+    compare_positions, kl_divergence, token_agreement, Compared, FidelityReport, FidelitySummary,
+    NoiseFloor, PromptFidelity, Reference, VerifyOptions,
+};
 pub use fingerprint::model_fingerprint;
 pub use kvb_model::generate::StopReason;
 pub use kvb_repair::RecomputeStrategy;

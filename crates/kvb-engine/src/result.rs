@@ -87,6 +87,9 @@ pub struct GenerationResult {
     pub stages: StageTimes,
     /// Logits of the first generated position (for fidelity checks; empty without generation).
     pub first_logits: Vec<f32>,
+    /// Logits of every generated position, in order, with [`crate::GenerateOptions::keep_logits`]
+    /// (empty otherwise).
+    pub logits: Vec<Vec<f32>>,
     /// Why generation ended (`None` when nothing was to be generated).
     pub stop_reason: Option<StopReason>,
 }

@@ -45,6 +45,8 @@ pub(crate) struct SeqStats {
     pub stored_bytes: usize,
     pub stages: StageTimes,
     pub first_logits: Vec<f32>,
+    /// Every generated position's logits, when the request keeps them.
+    pub logits: Vec<Vec<f32>>,
     pub first_token_at: Option<Instant>,
     pub last_token_at: Option<Instant>,
     pub prefill_started: Option<Instant>,

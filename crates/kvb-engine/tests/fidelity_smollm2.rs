@@ -1,13 +1,14 @@
 //! Fidelity of reuse on the default model (SmolLM2-135M-Instruct): documents warmed alone, then
 //! placed behind other preambles (interior reuse: re-rotated and repaired), compared with Baseline
-//! over 32 greedy tokens: token agreement, KL of the first-token distributions, and the fraction of
-//! reused tokens recomputed. Also exact prefix reuse and int8/int4 stored K/V.
+//! teacher-forced over its 32-token answers (top-1 agreement and KL at every position, identical
+//! free answers, the share of reused tokens recomputed), beside the noise floor (KIVI int8/int4
+//! stored K/V, a bf16 forward). Also exact prefix reuse and int8/int4 stored K/V.
 //!
 //! The model is fetched on first use (`cargo xtask ci` fetches it before the tests).
 
 use kvb_engine::{
-    kl_divergence, token_agreement, Engine, EngineConfig, GenerateOptions, GenerationMode,
-    KvPrecision, RecomputeStrategy,
+    kl_divergence, Compared, Engine, EngineConfig, FidelityReport, GenerateOptions, GenerationMode,
+    KvPrecision, NoiseFloor, RecomputeStrategy,
 };
 use kvb_model::backends::Cpu;
 use kvb_model::fetch::{ensure_default_model, models_dir_in};
@@ -68,113 +69,138 @@ const CASES: [(&str, &str, &str); 6] = [
     ),
 ];
 
-#[derive(Debug, Default)]
-struct Metrics {
-    agreement: f64,
-    identical: usize,
-    mean_kl: f64,
-    max_kl: f64,
-    recompute_fraction: f64,
-    reuse: f64,
-    ttft_ratio: f64,
+fn prompt_of(e: &Engine<Cpu>, (name, preamble, question): (&str, &str, &str)) -> Vec<u32> {
+    let text = e
+        .tokenizer()
+        .apply_chat_template(
+            &[ChatMessage::new(
+                "user",
+                format!("{preamble}\n\n{}\n\n{question}", doc(name).trim()),
+            )],
+            true,
+        )
+        .unwrap();
+    e.tokenizer().encode(&text, false).unwrap()
 }
 
-fn measure(config: EngineConfig) -> Metrics {
+/// Reuse of the warmed documents under `config`, and with `noise_floor` the noise floor, over
+/// every case, teacher-forced on Baseline's 32-token answers.
+fn measure(config: EngineConfig, noise_floor: bool) -> FidelityReport {
     let e: Engine<Cpu> =
         Engine::from_pretrained(&model_path(), config, &Default::default()).unwrap();
-    for name in ["amazon", "photosynthesis", "printing"] {
-        e.warm(&doc(name)).unwrap();
-    }
-    let opts = |mode| GenerateOptions {
-        max_new_tokens: 32,
-        mode,
-        ..Default::default()
-    };
-    let mut m = Metrics::default();
-    let (mut cached, mut recomputed, mut prompt_tokens) = (0, 0, 0);
-    for (name, preamble, question) in CASES {
-        let prompt = e
-            .tokenizer()
-            .apply_chat_template(
-                &[ChatMessage::new(
-                    "user",
-                    format!("{preamble}\n\n{}\n\n{question}", doc(name).trim()),
-                )],
-                true,
-            )
-            .unwrap();
-        let base = e
-            .generate(&prompt, &opts(GenerationMode::Baseline), &mut |_| {})
-            .unwrap();
+    let floor = noise_floor.then(|| NoiseFloor::new(&e).unwrap());
+    let mut rows = Vec::new();
+    for case in CASES {
+        // Each case starts from the documents warmed alone (a reuse run keeps its repaired
+        // blocks resident, which the next case behind another preamble must not continue).
+        e.reset_cache().unwrap();
+        for name in ["amazon", "photosynthesis", "printing"] {
+            e.warm(&doc(name)).unwrap();
+        }
+        let reference = e.reference(&prompt_of(&e, case), 32).unwrap();
         let reuse = e
-            .generate(&prompt, &opts(GenerationMode::ChunkReuse), &mut |_| {})
+            .compare_with(&reference, GenerationMode::ChunkReuse, Compared::Reuse)
             .unwrap();
         assert!(
-            reuse.approximate_chunks >= 2,
-            "{name}: the warmed document must be found ({} chunks)",
-            reuse.approximate_chunks
+            reuse.cached_tokens > reuse.prompt_tokens / 2,
+            "{}: the warmed document must be found ({reuse:?})",
+            case.0
         );
-        m.agreement += token_agreement(&base.token_ids, &reuse.token_ids);
-        m.identical += usize::from(base.token_ids == reuse.token_ids);
-        let kl = kl_divergence(&base.first_logits, &reuse.first_logits);
-        m.mean_kl += kl;
-        m.max_kl = m.max_kl.max(kl);
-        m.ttft_ratio += reuse.ttft_ms / base.ttft_ms;
-        cached += reuse.cached_tokens;
-        recomputed += reuse.recomputed_tokens;
-        prompt_tokens += reuse.prompt_tokens;
-        // A reuse run stores nothing after its first approximate chunk: the next case starts clean.
+        let mut row = vec![reuse];
+        if let Some(floor) = &floor {
+            row.extend(floor.compare(&reference).unwrap());
+        }
+        rows.push(row);
     }
-    let n = CASES.len() as f64;
-    m.agreement /= n;
-    m.mean_kl /= n;
-    m.ttft_ratio /= n;
-    m.recompute_fraction = recomputed as f64 / cached as f64;
-    m.reuse = cached as f64 / prompt_tokens as f64;
-    m
+    FidelityReport::new(rows)
 }
 
-fn config(strategy: RecomputeStrategy, ratio: f32) -> EngineConfig {
+fn config(strategy: RecomputeStrategy, ratio: f32, threshold: Option<f32>) -> EngineConfig {
     EngineConfig {
         recompute_strategy: strategy,
         recompute_ratio: ratio,
+        recompute_threshold: threshold,
         ..EngineConfig::new(1 << 30)
     }
 }
 
-/// Measured on this machine kind (6 cases, 32 tokens, 91% of each prompt reused: the documents'
-/// full chunks by content, their partial last chunks through their stored neighbours):
+/// Teacher-forced fidelity of the moved documents (6 cases, Baseline's 32-token answers), with
+/// the bounds this data defends. Measured on this machine kind, 2026-11-24:
 ///
-/// | repair | agreement | identical | mean KL | max KL | recomputed | TTFT vs Baseline |
-/// |---|---:|---:|---:|---:|---:|---:|
-/// | none | 55% | 1 | 0.175 | 0.267 | 0% | 0.26 |
-/// | CacheBlend 15% | 70% | 3 | 0.065 | 0.106 | 14% | 0.51 |
-/// | CacheBlend 15%, probe layer 3 | 71% | 3 | 0.052 | 0.086 | 14% | 0.58 |
-/// | CacheBlend 30% | 67% | 2 | 0.026 | 0.055 | 29% | 0.61 |
-/// | CacheBlend 50% | 81% | 2 | 0.0048 | 0.0082 | 47% | 0.85 |
-/// | CacheBlend 75% | 81% | 2 | 0.0014 | 0.0021 | 71% | 0.96 |
+/// | compared | identical | top-1 (forced) | mean KL | max KL | recomputed |
+/// |---|---:|---:|---:|---:|---:|
+/// | reuse, no repair | 1 of 6 | 93.4% | 0.091 | 2.54 | 0% |
+/// | reuse, CacheBlend 15% | 3 | 97.6% | 0.023 | 0.55 | 15.2% |
+/// | reuse, CacheBlend adaptive (threshold 3e-5) | 2 | 97.6% | 0.0052 | 0.19 | 46.9% |
+/// | K/V stored int8 (KIVI) | 6 | 100% | 4.1e-5 | 1.1e-3 | 0% |
+/// | K/V stored int4 (KIVI) | 3 | 97.6% | 0.011 | 0.79 | 0% |
+/// | bf16 forward | 4 | 98.8% | 8.7e-4 | 8.7e-3 | 0% |
 ///
-/// KL falls steadily with what is recomputed; greedy agreement over 32 tokens does not: on this
-/// 135M model a first-token KL of 0.001 still flips near-tied tokens, after which the outputs
-/// part. 95% agreement at 20% recompute is therefore out of reach for any sparse repair here
-/// (75% recompute gives 81%). The thresholds below leave room for float noise and fail if repair
-/// stops helping, loses its KL bound, or costs more than 20% recompute.
+/// (The adaptive budget spends 47% on these short preambles but 14% over the bench's 21 prompts:
+/// it follows how far each prompt's keys moved, which is its point.)
+///
+/// No setting reaches the target here (top-1 >= 99% and mean KL <= the bf16 forward's
+/// at <= 15% recompute): on a 135M model a moved document's K/V deviates in deep layers that a
+/// layer-1 probe sees only faintly (see `cargo xtask bench fidelity` for the 21-prompt curve).
+
 #[test]
 fn cacheblend_repairs_moved_documents_within_bounds() {
-    let none = measure(config(RecomputeStrategy::None, 0.0));
-    let blend = measure(config(RecomputeStrategy::CacheBlend, 0.15));
-    eprintln!("no repair: {none:?}\ncacheblend 15%: {blend:?}");
-    assert!(blend.recompute_fraction <= 0.20, "{blend:?}");
-    assert!(
-        blend.mean_kl < 0.5 * none.mean_kl,
-        "repair must at least halve the KL: {blend:?} vs {none:?}"
+    let none = measure(config(RecomputeStrategy::None, 0.0, None), false);
+    let adaptive = measure(
+        config(RecomputeStrategy::CacheBlend, 1.0, Some(3e-5)),
+        false,
     );
-    assert!(blend.mean_kl < 0.08 && blend.max_kl < 0.15, "{blend:?}");
+    let floor = measure(config(RecomputeStrategy::CacheBlend, 0.15, None), true);
+    let none = none.summary(Compared::Reuse).unwrap();
+    let adaptive = adaptive.summary(Compared::Reuse).unwrap();
+    let blend = floor.summary(Compared::Reuse).unwrap();
+    let bf16 = floor.summary(Compared::Bf16Forward).unwrap();
+    let int8 = floor
+        .summary(Compared::StoredKv(KvPrecision::Int8))
+        .unwrap();
+    let int4 = floor
+        .summary(Compared::StoredKv(KvPrecision::Int4))
+        .unwrap();
+    for s in [none, blend, adaptive, int8, int4, bf16] {
+        eprintln!("{s:?}");
+    }
+    // Repair at 15% at least halves what reuse moves, and agrees more.
+    assert!(blend.recompute_share <= 0.16, "{blend:?}");
+    assert!(blend.mean_kl < 0.5 * none.mean_kl, "{blend:?} vs {none:?}");
     assert!(
-        blend.agreement >= 0.6 && blend.agreement > none.agreement,
+        blend.top1_agreement > none.top1_agreement,
+        "{blend:?} vs {none:?}"
+    );
+    assert!(
+        blend.top1_agreement >= 0.95 && blend.mean_kl < 0.04,
         "{blend:?}"
     );
-    assert!(blend.reuse > 0.7, "{blend:?}");
+    // The adaptive budget recomputes what moved: more here, and the KL falls with it.
+    assert!(
+        adaptive.mean_kl < 0.5 * blend.mean_kl,
+        "{adaptive:?} vs {blend:?}"
+    );
+    assert!(adaptive.recompute_share < 0.6, "{adaptive:?}");
+    // The noise floor: int8 K/V is far below a bf16 forward, int4 above it.
+    assert!(
+        int8.top1_agreement >= 0.99 && int8.mean_kl < 2e-4,
+        "{int8:?}"
+    );
+    assert!(
+        int8.mean_kl < bf16.mean_kl && bf16.mean_kl < int4.mean_kl,
+        "{bf16:?} {int4:?}"
+    );
+    assert!(
+        bf16.mean_kl < 3e-3 && bf16.top1_agreement >= 0.97,
+        "{bf16:?}"
+    );
+    // Every row read what it should: reuse and stored K/V most of the prompt (the store holds
+    // whole chunks only: 77% of these short prompts), bf16 nothing.
+    assert!(
+        blend.reuse_ratio > 0.8 && int8.reuse_ratio > 0.7,
+        "{blend:?} {int8:?}"
+    );
+    assert_eq!(bf16.reuse_ratio, 0.0);
 }
 
 /// Exact prefix reuse on the real model: a growing chat, each turn answered from cached history,

@@ -67,7 +67,10 @@ pub use config::{Family, ModelConfig, RopeScaling};
 pub use error::{ModelError, Result};
 pub use kv_cache::KvCache;
 pub use kv_pool::KvPool;
-pub use model::{ForwardBatch, HostKv, LogitsFor, Model, ModelBackend, SeqRows, WeightPrecision};
+pub use model::{
+    ComputePrecision, ForwardBatch, HostKv, LogitsFor, Model, ModelBackend, SeqRows,
+    WeightPrecision,
+};
 pub use pool_precision::PoolPrecision;
 pub use pretrained::{
     detect_format, load_config, load_pretrained, LoadOptions, ModelFormat, Pretrained,

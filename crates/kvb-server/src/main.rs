@@ -30,6 +30,8 @@ enum Command {
     Demo(commands::demo::DemoArgs),
     /// Run the requests of a JSONL file through one engine; one JSON result line per request.
     Replay(commands::replay::ReplayArgs),
+    /// How close chunk reuse stays to a full prefill on your prompts, beside the noise floor.
+    Verify(commands::verify::VerifyArgs),
     /// Serve the model over HTTP with OpenAI's API (chat and completions, streamed or not).
     Serve(serve::ServeArgs),
     /// Fetch the default model into the models folder (idempotent).
@@ -43,6 +45,7 @@ fn main() {
         Command::Chat(args) => commands::chat::run(args),
         Command::Demo(args) => commands::demo::run(args),
         Command::Replay(args) => commands::replay::run(args),
+        Command::Verify(args) => commands::verify::run(args),
         Command::Serve(args) => serve::run(args),
         Command::FetchModel => model_arg::resolve(None).map(|p| {
             eprintln!("default model ready at {}", p.display());

@@ -68,6 +68,9 @@ fn ctrl_c_flushes_the_conversation_to_the_disk_tier() {
     let (mut first, rx) = chat(&model, disk.path());
     let summary = ask(&mut first, &rx, message);
     assert_eq!(cached(&summary), 0, "a fresh disk tier: {summary}");
+    // Held open until the end: `Child::wait` closes stdin first, and an end of input racing the
+    // signal would let the chat end normally (exit 0) instead of as interrupted.
+    let _stdin = first.stdin.take();
     let ok = Command::new("kill")
         .args(["-INT", &first.id().to_string()])
         .status()

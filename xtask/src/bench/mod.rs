@@ -4,6 +4,7 @@
 //! medians and writes tables, JSON and plots under `bench/results/<date>/`.
 
 mod concurrency;
+pub mod fidelity;
 pub mod peers;
 mod plots;
 mod report;

@@ -400,3 +400,61 @@ fn stages(path: &Path, r: &Report) -> Result<()> {
     root.present().map_err(err)?;
     Ok(())
 }
+
+/// One curve of the fidelity bench: its name and `(share recomputed, y)` points.
+pub type Curve = (String, Vec<(f64, f64)>);
+
+/// Fidelity against the share of reused tokens recomputed: one line per budget (fixed, adaptive,
+/// gradual), and the noise floor's levels as dashed horizontal lines, for one measure `y`.
+pub fn fidelity(
+    path: &Path,
+    (caption, y_desc): (&str, &str),
+    curves: &[Curve],
+    floor: &[(String, f64)],
+) -> Result<()> {
+    let ys = curves
+        .iter()
+        .flat_map(|(_, p)| p.iter().map(|q| q.1))
+        .chain(floor.iter().map(|f| f.1));
+    let (lo, hi) = ys.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), y| {
+        (lo.min(y), hi.max(y))
+    });
+    let pad = (hi - lo).max(1e-9) * 0.08;
+    let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
+    let mut chart = xy_chart(
+        &root,
+        caption,
+        (0f64..0.55, "share of reused tokens recomputed"),
+        ((lo - pad)..(hi + pad), y_desc),
+    )?;
+    for (i, (name, pts)) in curves.iter().enumerate() {
+        let c = color(i + 1);
+        chart
+            .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)))
+            .map_err(err)?
+            .label(name.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+        chart
+            .draw_series(pts.iter().map(|&p| Circle::new(p, 4, c.filled())))
+            .map_err(err)?;
+    }
+    for (i, (name, y)) in floor.iter().enumerate() {
+        let c = color(i + 4);
+        let y = *y;
+        chart
+            .draw_series(DashedLineSeries::new(
+                [(0.0, y), (0.55, y)],
+                6,
+                4,
+                c.stroke_width(1),
+            ))
+            .map_err(err)?
+            .label(name.clone())
+            .legend(move |(x, yy)| {
+                PathElement::new(vec![(x, yy), (x + 20, yy)], c.stroke_width(1))
+            });
+    }
+    legend(&mut chart)?;
+    root.present().map_err(err)?;
+    Ok(())
+}

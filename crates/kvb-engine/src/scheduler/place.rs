@@ -20,8 +20,10 @@ impl<B: ModelBackend> Scheduler<B> {
             strategy: c.recompute_strategy,
             overlap: c.recompute_overlap,
             ratio: c.recompute_ratio,
+            threshold: c.recompute_threshold,
             sink_tokens: c.sink_tokens,
             probe_layer: c.cacheblend_probe_layer,
+            filter_layers: c.cacheblend_filter_layers,
         }
     }
 

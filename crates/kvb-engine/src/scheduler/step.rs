@@ -205,6 +205,9 @@ impl<B: ModelBackend> Scheduler<B> {
                 recomputed_tokens: s.stats.recomputed,
             }));
         }
+        if s.options.keep_logits {
+            s.stats.logits.push(logits.to_vec());
+        }
         s.stats.last_token_at = Some(now);
         s.tokens.push(step.token);
         s.sink.send(Event::Token {
@@ -359,6 +362,7 @@ fn result_of(s: &mut Sequence) -> GenerationResult {
         stored_bytes: st.stored_bytes,
         stages: st.stages.clone(),
         first_logits: std::mem::take(&mut st.first_logits),
+        logits: std::mem::take(&mut st.logits),
         stop_reason: s.run.stop(),
     }
 }

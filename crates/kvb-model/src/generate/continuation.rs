@@ -26,6 +26,8 @@ pub struct Continuation {
     eos: Vec<u32>,
     tokens: Vec<u32>,
     stop: Option<StopReason>,
+    /// Teacher forcing: the tokens to emit, in order, instead of sampling.
+    forced: Vec<u32>,
 }
 
 impl Continuation {
@@ -39,7 +41,16 @@ impl Continuation {
             eos,
             tokens: Vec::new(),
             stop,
+            forced: Vec::new(),
         }
+    }
+
+    /// Teacher forcing: the next tokens are `tokens`, in order, whatever the logits say; once they
+    /// run out, sampling resumes. A fidelity check feeds a reference answer this way and reads the
+    /// logits at each of its positions (stops still apply: forcing a finished answer ends with it).
+    pub fn forcing(mut self, tokens: Vec<u32>) -> Self {
+        self.forced = tokens;
+        self
     }
 
     /// Samples the next token from `logits` (the distribution after the sequence's last token).
@@ -52,7 +63,10 @@ impl Continuation {
         position: usize,
         max_positions: usize,
     ) -> Result<Step> {
-        let token = self.sampler.sample(logits);
+        let token = match self.forced.get(self.tokens.len()) {
+            Some(&forced) => forced,
+            None => self.sampler.sample(logits),
+        };
         self.tokens.push(token);
         if self.params.stop_at_eos && self.eos.contains(&token) {
             self.stop = Some(StopReason::Eos);

@@ -15,14 +15,14 @@ use std::sync::Arc;
 /// non-contiguous right-hand side on every matmul, which would dominate a decode step.
 #[derive(Debug, Clone)]
 pub struct Linear<B: ModelBackend> {
-    weight: LinearWeight<B>,
-    bias: Option<Tensor<B, 1>>,
+    pub(super) weight: LinearWeight<B>,
+    pub(super) bias: Option<Tensor<B, 1>>,
 }
 
 /// A projection's weight: f32 on the backend, or kept packed in its stored precision on a
 /// backend that multiplies packed weights ([`ModelBackend::runs_packed_weights`]).
 #[derive(Debug, Clone)]
-enum LinearWeight<B: ModelBackend> {
+pub(super) enum LinearWeight<B: ModelBackend> {
     Dense(Tensor<B, 2>),
     /// Shared: a tied LM head is the token embedding.
     Packed(Arc<PackedMatrix>),
@@ -197,8 +197,8 @@ impl<B: ModelBackend> Embedding<B> {
 #[derive(Debug, Clone)]
 pub struct RmsNorm<B: ModelBackend> {
     /// `[1, hidden]`; Gemma's stored `w - 1` already has the 1 added back.
-    weight: Tensor<B, 2>,
-    eps: f64,
+    pub(super) weight: Tensor<B, 2>,
+    pub(super) eps: f64,
 }
 
 impl<B: ModelBackend> RmsNorm<B> {

@@ -2,6 +2,7 @@
 
 mod backend_ops;
 mod batch;
+mod bf16_compute;
 #[cfg(feature = "ndarray")]
 mod cpu_ops;
 #[cfg(feature = "ndarray")]
@@ -19,6 +20,7 @@ mod test_values;
 
 pub use backend_ops::{pool_read, pool_write_reference, HostKv, ModelBackend, PoolLayer};
 pub use batch::{ForwardBatch, SeqRows};
+pub use bf16_compute::ComputePrecision;
 pub use layers::{activate, Embedding, Linear, RmsNorm};
 pub use precision::WeightPrecision;
 
@@ -74,6 +76,8 @@ pub struct Model<B: ModelBackend> {
     lm_head: Linear<B>,
     /// The precision the weights were asked for.
     precision: WeightPrecision,
+    /// How activations are held between operations.
+    compute: ComputePrecision,
     device: B::Device,
 }
 
@@ -212,6 +216,7 @@ impl<B: ModelBackend> Model<B> {
             norm,
             lm_head,
             precision,
+            compute: ComputePrecision::F32,
             device: device.clone(),
         })
     }
@@ -377,7 +382,7 @@ impl<B: ModelBackend> Model<B> {
         B::on_compute_threads(|| {
             let layout = batch.layout(pool)?;
             let rope: RopeTables<B> = self.rope.tables(batch.positions, &self.device);
-            let mut x = self.embed(batch.tokens);
+            let mut x = self.embed(batch.tokens)?;
             for layer in 0..self.blocks.len() {
                 x = self.block(layer, x, &rope, &layout, pool)?;
             }
@@ -403,11 +408,11 @@ impl<B: ModelBackend> Model<B> {
         B::on_compute_threads(|| {
             let layout = batch.layout(pool)?;
             let rope: RopeTables<B> = self.rope.tables(batch.positions, &self.device);
-            let mut x = self.embed(batch.tokens);
+            let mut x = self.embed(batch.tokens)?;
             for l in 0..layer {
                 x = self.block(l, x, &rope, &layout, pool)?;
             }
-            Ok(self.qkv(layer, x, &rope).1)
+            Ok(self.qkv(layer, x, &rope)?.1)
         })
     }
 
@@ -441,12 +446,12 @@ impl<B: ModelBackend> Model<B> {
     }
 
     /// `[n, hidden]` embeddings of `tokens` (scaled for Gemma).
-    fn embed(&self, tokens: &[u32]) -> Tensor<B, 2> {
+    fn embed(&self, tokens: &[u32]) -> Result<Tensor<B, 2>> {
         let x = self.embed.lookup(tokens, &self.device);
-        match self.config.embedding_scale() {
+        self.held(match self.config.embedding_scale() {
             Some(scale) => x * scale,
             None => x,
-        }
+        })
     }
 
     /// Splits fused q/k/v projections of `x` (`[n, hidden]`) into heads: q `[1, hq, n, hd]` and k, v
@@ -456,12 +461,13 @@ impl<B: ModelBackend> Model<B> {
         layer: usize,
         x: Tensor<B, 2>,
         rope: &RopeTables<B>,
-    ) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) {
+    ) -> Result<(Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>)> {
         let c = &self.config;
         let block = &self.blocks[layer];
-        let qkv = block.qkv.forward(block.attn_norm.forward(x)); // [n, (hq + 2 hkv) hd]
+        let normed = self.held(block.attn_norm.forward(x))?;
+        let qkv = self.held(block.qkv.forward(normed))?; // [n, (hq + 2 hkv) hd]
         let [q, k, v] = B::split_heads(qkv, (c.num_heads, c.num_kv_heads, c.head_dim), rope);
-        (q, k, v)
+        Ok((self.held(q)?, self.held(k)?, self.held(v)?))
     }
 
     /// One transformer block over `x` (`[n, hidden]`): writes the rows' K/V at their pool slots,
@@ -478,7 +484,7 @@ impl<B: ModelBackend> Model<B> {
         let (hkv, hd) = (c.num_kv_heads, c.head_dim);
         let n = x.dims()[0];
         let block = &self.blocks[layer];
-        let (q, k, v) = self.qkv(layer, x.clone(), rope);
+        let (q, k, v) = self.qkv(layer, x.clone(), rope)?;
         pool.write(
             layer,
             &layout.write,
@@ -492,10 +498,14 @@ impl<B: ModelBackend> Model<B> {
         };
         let scale = (hd as f32).powf(-0.5);
         let att = <B as AttentionBackend>::paged_attention(q, keys, values, &paged, scale)?; // [n, hq hd]
-        let x = x + block.o.forward(att);
+        let att = self.held(block.o.forward(self.held(att)?))?;
+        let x = self.held(x + att)?;
 
-        let gu = block.gate_up.forward(block.mlp_norm.forward(x.clone())); // [n, 2 inter]
-        Ok(x + block.down.forward(B::gated_activation(gu, c.activation)))
+        let normed = self.held(block.mlp_norm.forward(x.clone()))?;
+        let gu = self.held(block.gate_up.forward(normed))?; // [n, 2 inter]
+        let act = self.held(B::gated_activation(gu, c.activation))?;
+        let mlp = self.held(block.down.forward(act))?;
+        self.held(x + mlp)
     }
 
     /// Logits `[rows, vocab]` of the final residual stream `x` for the rows asked for.
@@ -530,7 +540,8 @@ impl<B: ModelBackend> Model<B> {
             }
             None => x,
         };
-        Ok(self.lm_head.forward(self.norm.forward(x)))
+        let normed = self.held(self.norm.forward(x))?;
+        self.held(self.lm_head.forward(normed))
     }
 }
 

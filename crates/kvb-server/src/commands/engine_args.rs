@@ -48,6 +48,19 @@ pub struct EngineArgs {
     /// CacheBlend: fraction of a reused span recomputed.
     #[arg(long, default_value_t = defaults().recompute_ratio)]
     pub recompute_ratio: f32,
+    /// CacheBlend's adaptive budget: recompute each reused token whose keys moved by more than
+    /// this share of their squared norm in the new context (then --recompute-ratio is the most
+    /// recomputed). Without it, a fixed ratio.
+    #[arg(long)]
+    pub recompute_threshold: Option<f32>,
+    /// CacheBlend: the first layer whose keys measure each reused token's deviation (the layers
+    /// before it run over the whole span).
+    #[arg(long, default_value_t = defaults().cacheblend_probe_layer)]
+    pub cacheblend_probe_layer: usize,
+    /// CacheBlend: layers its selection is refined over (1: one selection at the probe layer;
+    /// more: gradual filtering, each layer keeping half the share of the one before).
+    #[arg(long, default_value_t = defaults().cacheblend_filter_layers)]
+    pub cacheblend_filter_layers: usize,
     /// Precision of the K/V the chunk store keeps: f32 (exact), f16, bf16, int8, int4 or int2
     /// (KIVI).
     #[arg(long, default_value_t = defaults().kv_precision)]
@@ -88,6 +101,9 @@ impl EngineArgs {
             recompute_strategy: self.recompute_strategy,
             recompute_overlap: self.recompute_overlap,
             recompute_ratio: self.recompute_ratio,
+            recompute_threshold: self.recompute_threshold,
+            cacheblend_filter_layers: self.cacheblend_filter_layers,
+            cacheblend_probe_layer: self.cacheblend_probe_layer,
             kv_precision: self.kv_precision,
             disk_dir: self.disk_dir.clone(),
             boundary_window: self.boundary_window,

@@ -50,6 +50,7 @@ impl SamplingArgs {
             },
             stop_strings: self.stop.clone(),
             cacheable_prefix_len: None,
+            ..Default::default()
         }
     }
 }

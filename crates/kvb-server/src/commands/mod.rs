@@ -6,3 +6,4 @@ pub mod engine_args;
 pub mod generate;
 pub mod replay;
 pub mod text_file;
+pub mod verify;

@@ -244,6 +244,7 @@ fn job(
             },
             stop_strings,
             cacheable_prefix_len: None,
+            ..Default::default()
         },
         stream: s.stream,
         include_usage: s.stream_options.is_some_and(|o| o.include_usage),

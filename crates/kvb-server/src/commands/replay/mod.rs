@@ -62,7 +62,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
 
 /// A client's conversation so far: the last prompt and its answer.
 #[derive(Default)]
-enum Chat {
+pub(crate) enum Chat {
     #[default]
     None,
     /// Raw text: the prompt with the answer appended.
@@ -72,11 +72,11 @@ enum Chat {
 }
 
 /// The chat a turn leaves, made once its answer is known.
-type NextChat = Box<dyn FnOnce(&str) -> Chat>;
+pub(crate) type NextChat = Box<dyn FnOnce(&str) -> Chat>;
 
 /// The prompt of `r` (after the client's chat so far, with `continue`), and the chat it leaves
 /// once `answer` is known (see [`Chat`]).
-fn prompt_text<B: ModelBackend>(
+pub(crate) fn prompt_text<B: ModelBackend>(
     engine: &Engine<B>,
     r: &Request,
     chat: &Chat,

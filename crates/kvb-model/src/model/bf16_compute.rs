@@ -1,0 +1,137 @@
+//! A bf16 forward pass emulated in f32: every weight and every activation between operations
+//! rounded to bf16, the arithmetic inside each operation kept in f32 (as a bf16 GPU kernel
+//! accumulates in f32). It is the yardstick fidelity checks put reuse beside: how far a change
+//! of precision people accept every day moves the model's predictions. It is not a fast path.
+
+use super::layers::{Embedding, Linear, LinearWeight, RmsNorm};
+use super::{Model, ModelBackend};
+use crate::error::{ModelError, Result};
+use crate::packed::{PackedMatrix, CELL_ROWS};
+use burn::tensor::{Tensor, TensorData};
+use std::sync::Arc;
+
+/// How a model's activations are held between operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ComputePrecision {
+    /// f32 throughout.
+    #[default]
+    F32,
+    /// Rounded to bf16 after every operation (embedding, norm, projection, rotation, attention,
+    /// activation, residual sum, logits).
+    Bf16,
+}
+
+/// `v` rounded to bf16 (to nearest, ties to even) and widened back.
+fn bf16(v: f32) -> f32 {
+    half::bf16::from_f32(v).to_f32()
+}
+
+/// `x` with every value rounded to bf16.
+pub(super) fn round_tensor<B: ModelBackend, const D: usize>(
+    x: Tensor<B, D>,
+) -> Result<Tensor<B, D>> {
+    let (shape, device) = (x.shape(), x.device());
+    let values: Vec<f32> = x
+        .into_data()
+        .convert::<f32>()
+        .to_vec::<f32>()
+        .map_err(|e| ModelError::Forward(format!("reading activations to round: {e:?}")))?;
+    let rounded: Vec<f32> = values.into_iter().map(bf16).collect();
+    Ok(Tensor::from_data(TensorData::new(rounded, shape), &device))
+}
+
+/// A packed matrix's weights rounded to bf16 (packed as bf16 when its width allows whole cells,
+/// else `None`: the caller keeps an f32 copy of the rounded values).
+fn rounded_packed(p: &PackedMatrix) -> Result<Option<PackedMatrix>> {
+    if !p.k().is_multiple_of(CELL_ROWS) {
+        return Ok(None);
+    }
+    let torch_rows: Vec<f32> = (0..p.n()).flat_map(|j| p.column(j)).collect();
+    PackedMatrix::round_to_bf16(&[(&torch_rows, p.n())], p.k()).map(Some)
+}
+
+impl<B: ModelBackend> Linear<B> {
+    /// The projection with its weight and bias rounded to bf16.
+    fn rounded_to_bf16(&self, device: &B::Device) -> Result<Self> {
+        let weight = match &self.weight {
+            LinearWeight::Dense(w) => LinearWeight::Dense(round_tensor(w.clone())?),
+            LinearWeight::Packed(p) => match rounded_packed(p)? {
+                Some(r) => LinearWeight::Packed(Arc::new(r)),
+                None => {
+                    let dense: Vec<f32> = p.to_dense().into_iter().map(bf16).collect();
+                    LinearWeight::Dense(Tensor::from_data(
+                        TensorData::new(dense, [p.k(), p.n()]),
+                        device,
+                    ))
+                }
+            },
+        };
+        let bias = match &self.bias {
+            Some(b) => Some(round_tensor(b.clone())?),
+            None => None,
+        };
+        Ok(Linear { weight, bias })
+    }
+}
+
+impl<B: ModelBackend> Embedding<B> {
+    fn rounded_to_bf16(&self, device: &B::Device) -> Result<Self> {
+        Ok(match self {
+            Embedding::Dense(t) => Embedding::Dense(round_tensor(t.clone())?),
+            Embedding::Packed(p) => match rounded_packed(p)? {
+                Some(r) => Embedding::Packed(Arc::new(r)),
+                None => {
+                    let rows: Vec<f32> = (0..p.n()).flat_map(|j| p.column(j)).map(bf16).collect();
+                    Embedding::Dense(Tensor::from_data(
+                        TensorData::new(rows, [p.n(), p.k()]),
+                        device,
+                    ))
+                }
+            },
+        })
+    }
+}
+
+impl<B: ModelBackend> RmsNorm<B> {
+    fn rounded_to_bf16(&self) -> Result<Self> {
+        Ok(RmsNorm {
+            weight: round_tensor(self.weight.clone())?,
+            eps: self.eps,
+        })
+    }
+}
+
+impl<B: ModelBackend> Model<B> {
+    /// This model as a bf16 forward pass would run it: weights rounded to bf16 and activations
+    /// rounded after every operation ([`ComputePrecision::Bf16`]). A new copy of the weights
+    /// (2 bytes each where packed); `self` is unchanged.
+    pub fn with_bf16_compute(&self) -> Result<Self> {
+        let mut m = self.clone();
+        m.embed = self.embed.rounded_to_bf16(&self.device)?;
+        m.lm_head = self.lm_head.rounded_to_bf16(&self.device)?;
+        m.norm = self.norm.rounded_to_bf16()?;
+        for b in &mut m.blocks {
+            b.attn_norm = b.attn_norm.rounded_to_bf16()?;
+            b.qkv = b.qkv.rounded_to_bf16(&self.device)?;
+            b.o = b.o.rounded_to_bf16(&self.device)?;
+            b.mlp_norm = b.mlp_norm.rounded_to_bf16()?;
+            b.gate_up = b.gate_up.rounded_to_bf16(&self.device)?;
+            b.down = b.down.rounded_to_bf16(&self.device)?;
+        }
+        m.compute = ComputePrecision::Bf16;
+        Ok(m)
+    }
+
+    /// How activations are held between operations.
+    pub fn compute_precision(&self) -> ComputePrecision {
+        self.compute
+    }
+
+    /// `x` as this model's compute precision holds it.
+    pub(super) fn held<const D: usize>(&self, x: Tensor<B, D>) -> Result<Tensor<B, D>> {
+        match self.compute {
+            ComputePrecision::F32 => Ok(x),
+            ComputePrecision::Bf16 => round_tensor(x),
+        }
+    }
+}
