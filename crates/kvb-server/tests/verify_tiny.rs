@@ -6,7 +6,21 @@ mod common;
 
 use common::tiny_model;
 use serde_json::{json, Value};
-use std::process::Command;
+use std::path::Path;
+use std::process::{Command, Output};
+
+/// Runs `kvb verify` on `model` with the requests file `requests` and `extra` flags.
+fn verify(model: &Path, requests: &Path, extra: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kvb"))
+        .arg("verify")
+        .arg("--model")
+        .arg(model)
+        .arg("--requests")
+        .arg(requests)
+        .args(extra)
+        .output()
+        .unwrap()
+}
 
 fn words(seed: usize, n: usize) -> String {
     (0..n)
@@ -33,24 +47,20 @@ fn verify_prints_reuse_beside_the_noise_floor() {
     )
     .unwrap();
     let json_out = dir.path().join("out.jsonl");
-    let out = Command::new(env!("CARGO_BIN_EXE_kvb"))
-        .arg("verify")
-        .arg("--model")
-        .arg(&model)
-        .arg("--requests")
-        .arg(&requests)
-        .arg("--json")
-        .arg(&json_out)
-        .args([
+    let out = verify(
+        &model,
+        &requests,
+        &[
+            "--json",
+            json_out.to_str().unwrap(),
             "--max-new-tokens",
             "6",
             "--chunk-size",
             "16",
             "--block-size",
             "8",
-        ])
-        .output()
-        .unwrap();
+        ],
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -106,14 +116,7 @@ fn verify_refuses_what_it_cannot_score() {
         "{\"id\": 1, \"prompt\": \"a b c\"}\n{\"id\": 2, \"prompt\": \" d\", \"continue\": true}\n",
     )
     .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_kvb"))
-        .arg("verify")
-        .arg("--model")
-        .arg(&model)
-        .arg("--requests")
-        .arg(&requests)
-        .output()
-        .unwrap();
+    let out = verify(&model, &requests, &[]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(

@@ -46,8 +46,7 @@ fn rounded_packed(p: &PackedMatrix) -> Result<Option<PackedMatrix>> {
     if !p.k().is_multiple_of(CELL_ROWS) {
         return Ok(None);
     }
-    let torch_rows: Vec<f32> = (0..p.n()).flat_map(|j| p.column(j)).collect();
-    PackedMatrix::round_to_bf16(&[(&torch_rows, p.n())], p.k()).map(Some)
+    PackedMatrix::round_to_bf16(&[(&p.to_torch_layout(), p.n())], p.k()).map(Some)
 }
 
 impl<B: ModelBackend> Linear<B> {
@@ -81,7 +80,7 @@ impl<B: ModelBackend> Embedding<B> {
             Embedding::Packed(p) => match rounded_packed(p)? {
                 Some(r) => Embedding::Packed(Arc::new(r)),
                 None => {
-                    let rows: Vec<f32> = (0..p.n()).flat_map(|j| p.column(j)).map(bf16).collect();
+                    let rows: Vec<f32> = p.to_torch_layout().into_iter().map(bf16).collect();
                     Embedding::Dense(Tensor::from_data(
                         TensorData::new(rows, [p.n(), p.k()]),
                         device,

@@ -153,7 +153,7 @@ pub(super) fn embedding_and_tied_head<B: ModelBackend>(
         // The packed values, expanded (the same outputs as the packed path).
         Some(p) => HostTensor {
             shape: vec![p.n(), p.k()],
-            data: (0..p.n()).flat_map(|j| p.column(j)).collect(),
+            data: p.to_torch_layout(),
         },
         None => embed.into_f32(),
     };

@@ -429,6 +429,12 @@ impl PackedMatrix {
         self.source
     }
 
+    /// Every column, one after the other: the weights as f32 in PyTorch's layout `[n, k]` (an
+    /// embedding table's rows).
+    pub fn to_torch_layout(&self) -> Vec<f32> {
+        (0..self.n).flat_map(|j| self.column(j)).collect()
+    }
+
     /// Column `j` (one output feature: a row of the PyTorch weight, a token's embedding) as
     /// f32, all `k` values.
     pub fn column(&self, j: usize) -> Vec<f32> {
