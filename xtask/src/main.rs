@@ -40,6 +40,11 @@ commands:
                 teacher-forced top-1, KL, identical answers, share recomputed; in
                 bench/results/<date>-fidelity/ (table, plots). Options: --max-new-tokens N (32),
                 --only a,b, --no-run (report from the JSON lines already there), --model PATH, --out DIR
+  bench shared  two `kvb serve` replicas sharing one Redis (started here) and a Baseline server:
+                documents spread over the replicas; TTFT of a replica's first request for a
+                document the other one read, vs Baseline and a local hit, and the share served from
+                the shared tier; in bench/results/<date>-shared/. Options: --quick, --reps N (3),
+                --max-tokens N (8), --model PATH, --out DIR
   bench model   prefill/decode speed of the default model vs the machine's matmul rate
   bench peers   kvb beside PyTorch (f32, bf16) and llama.cpp (with and without its prompt cache)
                 on the same weights and threads: full prefill of ~512 and ~3,000 tokens, decode,
@@ -189,6 +194,16 @@ fn ci() -> Result<()> {
     ];
     bench::server::run(&args, &kvb_binary()?)?;
     bench::server::check_output(&served)?;
+    // The shared tier's benchmark, briefly: two replicas and a Redis, something read from it.
+    let shared = std::env::temp_dir().join("kvb-bench-shared-smoke");
+    let _ = std::fs::remove_dir_all(&shared);
+    let args = [
+        "--quick".to_string(),
+        "--out".to_string(),
+        shared.to_string_lossy().into_owned(),
+    ];
+    bench::shared::run(&args, &kvb_binary()?)?;
+    bench::shared::check_output(&shared)?;
     eprintln!("ci: all steps passed");
     Ok(())
 }
@@ -209,6 +224,7 @@ fn bench(args: &[String]) -> Result<()> {
         Some("concurrency") => bench::run_concurrency_only(&args[1..], &kvb_binary()?),
         Some("server") => bench::server::run(&args[1..], &kvb_binary()?),
         Some("soak") => bench::soak::run(&args[1..], &kvb_binary()?),
+        Some("shared") => bench::shared::run(&args[1..], &kvb_binary()?),
         Some("fidelity") => bench::fidelity::run(&args[1..], &kvb_binary()?),
         Some("peers") => bench::peers::run(&args[1..], &kvb_binary()?),
         Some("cache") => run(cargo().args([

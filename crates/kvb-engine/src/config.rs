@@ -5,7 +5,7 @@ use kvb_model::generate::SamplingParams;
 use kvb_model::{Model, ModelBackend, PoolPrecision, WeightPrecision};
 use kvb_quant::{Bits, QuantConfig};
 use kvb_repair::RecomputeStrategy;
-use kvb_store::{EvictionPolicy, KvFormat};
+use kvb_store::{EvictionPolicy, KvFormat, RemoteConfig};
 use std::path::PathBuf;
 
 /// The precision of the K/V the chunk store keeps (the pool's own is [`PoolDtype`]).
@@ -179,6 +179,10 @@ pub struct EngineConfig {
     pub disk_dir: Option<PathBuf>,
     /// Disk budget in bytes.
     pub disk_max_bytes: u64,
+    /// A remote tier that several engines share (Redis or Valkey): every chunk stored is also
+    /// written there in the background, and each request's chunks are looked up there (one round
+    /// trip) when neither the pool nor the local tiers have them.
+    pub remote_cache: Option<RemoteConfig>,
     /// Cut chunks at sentence ends within this many tokens of the fixed size (0 = fixed cuts).
     pub boundary_window: usize,
     /// The first tokens of a prompt are always computed fresh (attention sinks).
@@ -230,6 +234,7 @@ impl Default for EngineConfig {
             kv_precision: KvPrecision::F32,
             disk_dir: None,
             disk_max_bytes: 4 << 30,
+            remote_cache: None,
             boundary_window: 0,
             sink_tokens: 0,
             strict: true,

@@ -3,6 +3,7 @@
 
 use crate::config::{EngineConfig, GenerateOptions, GenerationMode, KvPrecision};
 use crate::fingerprint::model_fingerprint;
+use crate::remote_prefetch::prefetch_remote;
 use crate::request::{Request, RequestHandle, RequestState, Sink};
 use crate::result::{GenerationResult, PoolStats, WarmResult};
 use crate::scheduler::{Command, Scheduler};
@@ -115,6 +116,7 @@ impl<B: ModelBackend> Engine<B> {
                 DiskConfig::new(d.join(format!("{}", namespace.id())), config.disk_max_bytes)
             }),
             min_prefix_len: 1,
+            remote: config.remote_cache.clone(),
         })?;
         let c = model.config();
         let shape = (c.num_kv_heads, c.head_dim);
@@ -269,8 +271,10 @@ impl<B: ModelBackend> Engine<B> {
         self.round_trip(Command::Flush)
     }
 
-    /// Queues a request and returns its handle at once. Bad requests are refused here, before
-    /// they queue: an empty prompt, one longer than the context, one the pool could never hold.
+    /// Queues a request and returns its handle once it is queued. Bad requests are refused here,
+    /// before they queue: an empty prompt, one longer than the context, one the pool could never
+    /// hold. With a remote tier, the prompt's chunks are first fetched from it on this thread
+    /// (one round trip; a remote that is down costs nothing, see [`kvb_store::remote`]).
     pub fn submit(&self, request: Request) -> Result<RequestHandle, EngineError> {
         let n = request.tokens.len();
         if n == 0 {
@@ -302,6 +306,14 @@ impl<B: ModelBackend> Engine<B> {
                 pool_blocks: self.max_blocks,
             });
         }
+        let shared = &self.shared;
+        prefetch_remote(
+            &shared.store,
+            &shared.namespace,
+            &shared.chunking,
+            &request.tokens,
+            request.options.mode,
+        )?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (events_tx, events) = unbounded();
         let state = Arc::new(RequestState::default());

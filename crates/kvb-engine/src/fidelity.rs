@@ -394,6 +394,7 @@ impl<B: ModelBackend> NoiseFloor<B> {
             // Every sequence's K/V goes to the store at once, so the next run reads it back.
             keep_resident: false,
             disk_dir: None,
+            remote_cache: None,
             ..engine.config().clone()
         };
         let stored = [KvPrecision::Int8, KvPrecision::Int4]

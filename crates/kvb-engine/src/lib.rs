@@ -6,7 +6,9 @@
 //!
 //! The path of a request ([`Engine::submit`], or [`Engine::generate`] on top of it):
 //!
-//! 1. tokenize; the scheduler admits it when its blocks fit ([`scheduler`] order: oldest first);
+//! 1. tokenize; with a shared remote tier ([`EngineConfig::remote_cache`]: Redis or Valkey), ask
+//!    it on the submitting thread, in one round trip, for the prompt's chunks the local tiers
+//!    lack; the scheduler admits it when its blocks fit ([`scheduler`] order: oldest first);
 //! 2. plan what the cache offers ([`plan`]): the longest prefix *resident in the pool*, block by
 //!    block through a radix tree over token blocks (read in place: no copy, no dequantization; a
 //!    block matched in part is copied, since the request will write the rest of it); then the
@@ -21,9 +23,10 @@
 //! 4. sample, stream, stop, per sequence;
 //! 5. its blocks stay resident, indexed by their tokens (repaired ones flagged approximate), until
 //!    the pool needs the room: then least recently used leaves go first, their exact K/V written
-//!    back to the store. Its new exact chunks are indexed by content meanwhile, so a document
-//!    first read inside a prompt is found by content later: the first prompt that finds one copies
-//!    that path into the store then. Resident K/V is never held twice.
+//!    back to the store (with a remote tier: at once, so that other engines read them). Its new
+//!    exact chunks are indexed by content meanwhile, so a document first read inside a prompt is
+//!    found by content later: the first prompt that finds one copies that path into the store
+//!    then. Resident K/V is never held twice (but with a remote tier, which needs the copy).
 //!
 //! Promises (tested in `tests/`):
 //! - exact reuse gives greedy output identical to Baseline, with first-token logits equal within
@@ -48,6 +51,7 @@ mod fidelity;
 mod fingerprint;
 mod kv_transfer;
 pub mod plan;
+mod remote_prefetch;
 mod request;
 mod resident_chunks;
 mod result;
@@ -66,7 +70,7 @@ pub use fidelity::{
 pub use fingerprint::model_fingerprint;
 pub use kvb_model::generate::StopReason;
 pub use kvb_repair::RecomputeStrategy;
-pub use kvb_store::{EvictionPolicy, StoreStats};
+pub use kvb_store::{EvictionPolicy, RemoteConfig, RemoteStats, StoreStats};
 pub use request::{Event, Request, RequestHandle};
 pub use result::{CachedTokens, GenerationResult, PoolStats, StageTimes, Started, WarmResult};
 

@@ -34,6 +34,7 @@ fn lookups(c: &mut Criterion) {
         eviction: EvictionPolicy::Lru,
         disk: None,
         min_prefix_len: 1,
+        remote: None,
     })
     .unwrap();
     let chunks: Vec<KvChunk> = (0..100_000).map(|i| chunk(&ns, i, 16, 1, 8)).collect();
@@ -86,6 +87,7 @@ fn disk(c: &mut Criterion) {
                     eviction: EvictionPolicy::Lru,
                     disk: Some(DiskConfig::new(dir.path(), 1 << 32)),
                     min_prefix_len: 1,
+                    remote: None,
                 };
                 (ChunkStore::new(cfg).unwrap(), dir)
             },
@@ -99,6 +101,7 @@ fn disk(c: &mut Criterion) {
         eviction: EvictionPolicy::Lru,
         disk: Some(DiskConfig::new(dir.path(), 1 << 32)),
         min_prefix_len: 1,
+        remote: None,
     };
     let store = ChunkStore::new(cfg).unwrap();
     store.insert(sample.clone()).unwrap();

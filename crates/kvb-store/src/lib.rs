@@ -17,6 +17,11 @@
 //!   gone; live records stay within the disk budget, across restarts too; one process at a time
 //!   (an advisory lock); opening reads each sealed segment's small index, not its K/V, and
 //!   records are verified when read. Space is reclaimed by compaction.
+//! - **Remote tier** ([`RemoteConfig`], module [`remote`]): a store several processes share
+//!   (Redis or Valkey through [`RedisBackend`], or any [`RemoteBackend`]). Every chunk inserted is
+//!   also written there by a background thread; [`ChunkStore::prefetch`] reads a prompt's chunks
+//!   in one round trip into RAM. Values are checksummed records checked against their key; a
+//!   remote that is down, slow, full or babbling costs a miss, never an error.
 //! - **Thread safety**: RAM hits take a shared lock (many readers at once, crossbeam's
 //!   `ShardedLock`); usage counters are atomics.
 //! - [`kv_ops`]: merge and slice K/V along the token axis.
@@ -30,7 +35,10 @@
 //! segment files never yield a wrong chunk or a panic; a writer killed with SIGKILL at random
 //! points (50 rounds, `tests/crash.rs`) never leaves a wrong chunk, loses no acknowledged one and
 //! keeps the budget; a writer whose disk fills gets errors naming the file and keeps every
-//! acknowledged chunk; concurrent readers and writers are safe. The cargo feature `fuzzing`
+//! acknowledged chunk; concurrent readers and writers are safe; chunks one store writes to a
+//! shared Redis are read by another, a damaged remote value is never used (proptest over every
+//! byte), another namespace's entries are never read, and a Redis killed, silent or answering
+//! garbage fails no store operation (`tests/remote_tier.rs`, against a real redis-server). The cargo feature `fuzzing`
 //! exposes the disk tier's parsers to the fuzz targets of `fuzz/` (module `fuzzing`).
 //!
 //! ```
@@ -63,6 +71,7 @@ pub mod fuzzing;
 pub mod kv_ops;
 mod policy;
 mod radix;
+pub mod remote;
 mod store;
 pub mod token_cache;
 
@@ -70,7 +79,10 @@ pub use chunk::{KvChunk, KvData, KvFormat, LayerKv};
 pub use disk::DiskConfig;
 pub use policy::EvictionPolicy;
 pub use radix::{PrefixPath, RadixIndex};
-pub use store::{ChunkMatch, ChunkStore, Inserted, PrefixMatch, StoreConfig, StoreStats};
+pub use remote::{RedisBackend, RemoteBackend, RemoteConfig, RemoteError, RemoteStats};
+pub use store::{
+    ChunkMatch, ChunkStore, Inserted, PrefixMatch, StoreConfig, StoreStats, REMOTE_FLUSH_WAIT,
+};
 
 /// Everything that can go wrong in the store.
 #[derive(Debug, thiserror::Error)]

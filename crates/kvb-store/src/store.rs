@@ -4,12 +4,17 @@ use crate::chunk::KvChunk;
 use crate::disk::{DiskConfig, DiskTier};
 use crate::policy::{EvictionPolicy, Usage};
 use crate::radix::RadixIndex;
+use crate::remote::{RedisBackend, RemoteBackend, RemoteConfig, RemoteStats, RemoteTier};
 use crate::StoreError;
 use crossbeam::sync::ShardedLock;
 use kvb_hash::{ContentKey, PrefixKey};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+/// How long [`ChunkStore::flush`] waits for the remote tier's backlog: a process that stops
+/// publishes what it computed, unless the remote store is too slow to take it.
+pub const REMOTE_FLUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Settings of a [`ChunkStore`].
 #[derive(Debug, Clone)]
@@ -22,6 +27,9 @@ pub struct StoreConfig {
     pub disk: Option<DiskConfig>,
     /// [`ChunkStore::longest_prefix`] reports no match shorter than this many tokens.
     pub min_prefix_len: usize,
+    /// An optional remote tier that several processes share (Redis or Valkey): every stored
+    /// chunk is also written there in the background, and [`ChunkStore::prefetch`] reads from it.
+    pub remote: Option<RemoteConfig>,
 }
 
 impl StoreConfig {
@@ -32,6 +40,7 @@ impl StoreConfig {
             eviction: EvictionPolicy::default(),
             disk: None,
             min_prefix_len: 1,
+            remote: None,
         }
     }
 }
@@ -96,6 +105,8 @@ pub struct StoreStats {
     pub disk_bytes: u64,
     /// Torn or corrupt disk records skipped.
     pub corrupt_records: u64,
+    /// The remote tier's counters, when there is one.
+    pub remote: Option<RemoteStats>,
 }
 
 struct RamEntry {
@@ -132,6 +143,7 @@ struct Counters {
 pub struct ChunkStore {
     config: StoreConfig,
     inner: ShardedLock<Inner>,
+    remote: Option<RemoteTier>,
     clock: AtomicU64,
     counters: Counters,
 }
@@ -183,8 +195,34 @@ impl Inner {
 
 impl ChunkStore {
     /// Opens a store; with a disk tier, its existing records are indexed (so the cache survives a
-    /// restart).
+    /// restart). A remote tier is reached through the Redis protocol (nothing is connected until
+    /// the first call; a store that is down is an outage, not an error).
     pub fn new(config: StoreConfig) -> Result<Self, StoreError> {
+        let backend: Option<Arc<dyn RemoteBackend>> = match &config.remote {
+            Some(r) => Some(Arc::new(
+                RedisBackend::open(&r.url, r.timeout).map_err(StoreError::Config)?,
+            )),
+            None => None,
+        };
+        Self::open(config, backend)
+    }
+
+    /// Opens a store whose remote tier is `backend` (another store than Redis, say), with the
+    /// settings of `config.remote` but for its URL (defaults without one).
+    pub fn with_remote_backend(
+        mut config: StoreConfig,
+        backend: Arc<dyn RemoteBackend>,
+    ) -> Result<Self, StoreError> {
+        config
+            .remote
+            .get_or_insert_with(|| RemoteConfig::new(backend.describe()));
+        Self::open(config, Some(backend))
+    }
+
+    fn open(
+        config: StoreConfig,
+        backend: Option<Arc<dyn RemoteBackend>>,
+    ) -> Result<Self, StoreError> {
         if config.max_ram_bytes == 0 {
             return Err(StoreError::Config(
                 "max_ram_bytes must be greater than 0".into(),
@@ -212,9 +250,14 @@ impl ChunkStore {
         for (k, c, p, t) in on_disk {
             inner.index(k, c, p, &t);
         }
+        let remote = match (backend, &config.remote) {
+            (Some(b), Some(r)) => Some(RemoteTier::new(b, r.clone()).map_err(StoreError::Config)?),
+            _ => None,
+        };
         Ok(ChunkStore {
             config,
             inner: ShardedLock::new(inner),
+            remote,
             clock: AtomicU64::new(1),
             counters: Counters::default(),
         })
@@ -234,9 +277,22 @@ impl ChunkStore {
         self.inner.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Stores a chunk (RAM first, evicting by policy; disk if it is too large for RAM).
+    /// Stores a chunk (RAM first, evicting by policy; disk if it is too large for RAM), and
+    /// queues it for the remote tier if there is one.
     pub fn insert(&self, chunk: KvChunk) -> Result<Inserted, StoreError> {
         chunk.check().map_err(StoreError::BadChunk)?;
+        let chunk = Arc::new(chunk);
+        let inserted = self.insert_local(chunk.clone())?;
+        if let Some(remote) = &self.remote {
+            // A chunk this store already had was written when it first came (or read from there).
+            if inserted != Inserted::AlreadyStored {
+                remote.put(chunk);
+            }
+        }
+        Ok(inserted)
+    }
+
+    fn insert_local(&self, chunk: Arc<KvChunk>) -> Result<Inserted, StoreError> {
         let now = self.tick();
         let mut inner = self.write();
         let inserted = self.insert_locked(&mut inner, chunk, now)?;
@@ -247,7 +303,7 @@ impl ChunkStore {
     fn insert_locked(
         &self,
         inner: &mut Inner,
-        chunk: KvChunk,
+        chunk: Arc<KvChunk>,
         now: u64,
     ) -> Result<Inserted, StoreError> {
         if let Some(e) = inner.ram.get(&chunk.prefix_key) {
@@ -267,7 +323,7 @@ impl ChunkStore {
         inner.ram.insert(
             key,
             RamEntry {
-                chunk: Arc::new(chunk),
+                chunk,
                 bytes,
                 hits: AtomicU64::new(0),
                 last_access: AtomicU64::new(now),
@@ -281,7 +337,7 @@ impl ChunkStore {
     fn insert_on_disk_only(
         &self,
         inner: &mut Inner,
-        chunk: KvChunk,
+        chunk: Arc<KvChunk>,
         now: u64,
     ) -> Result<Inserted, StoreError> {
         let Some(disk) = inner.disk.as_mut() else {
@@ -463,6 +519,56 @@ impl ChunkStore {
         Ok(out)
     }
 
+    /// Brings into RAM, from the remote tier, the chunks stored there under `prefix_keys` and
+    /// those its content index names for `content_keys`, where this store lacks them: one round
+    /// trip (two with content hits), after which the lookups above see them. Returns how many
+    /// chunks came. Without a remote tier, or when it is down, slow or answers garbage: 0, and
+    /// never an error from the remote side.
+    pub fn prefetch(
+        &self,
+        prefix_keys: &[PrefixKey],
+        content_keys: &[ContentKey],
+    ) -> Result<usize, StoreError> {
+        let Some(remote) = &self.remote else {
+            return Ok(0);
+        };
+        let (prefix, content): (Vec<PrefixKey>, Vec<ContentKey>) = {
+            let inner = self.read();
+            let local = |k: &PrefixKey| {
+                inner.ram.contains_key(k) || inner.disk.as_ref().is_some_and(|d| d.contains(k))
+            };
+            let mut prefix: Vec<PrefixKey> =
+                prefix_keys.iter().filter(|k| !local(k)).copied().collect();
+            prefix.dedup();
+            let mut content: Vec<ContentKey> = content_keys
+                .iter()
+                .filter(|c| !inner.by_content.contains_key(c))
+                .copied()
+                .collect();
+            content.sort_unstable();
+            content.dedup();
+            (prefix, content)
+        };
+        let found = remote.fetch(&prefix, &content, &|k| self.contains(k));
+        let count = found.chunks.len();
+        for chunk in found.chunks {
+            // Not queued for the remote tier again: it came from there.
+            self.insert_local(Arc::new(chunk))?;
+        }
+        Ok(count)
+    }
+
+    /// Whether this store has a remote tier.
+    pub fn has_remote(&self) -> bool {
+        self.remote.is_some()
+    }
+
+    /// Waits until the chunks queued for the remote tier are written (or dropped), at most
+    /// `timeout`; `true` if none is left (and without a remote tier).
+    pub fn wait_remote_writes(&self, timeout: std::time::Duration) -> bool {
+        self.remote.as_ref().is_none_or(|r| r.wait_idle(timeout))
+    }
+
     /// The longest cached prefix of `tokens` (to the token, a partial last chunk included), from
     /// chunks chained from `root` (the namespace root); `None` below `min_prefix_len` tokens.
     pub fn longest_prefix(
@@ -507,8 +613,11 @@ impl ChunkStore {
         inner.ram.contains_key(key) || inner.disk.as_ref().is_some_and(|d| d.contains(key))
     }
 
-    /// Removes `key` from both tiers (durably on disk).
+    /// Removes `key` from every tier (durably on disk; from the remote tier in the background).
     pub fn invalidate(&self, key: &PrefixKey) -> Result<bool, StoreError> {
+        if let Some(remote) = &self.remote {
+            remote.forget(key);
+        }
         let mut inner = self.write();
         let mut content = inner.disk_content_of(key);
         let mut found = false;
@@ -550,7 +659,8 @@ impl ChunkStore {
         }
     }
 
-    /// Forgets every chunk in both tiers and resets the counters.
+    /// Forgets every chunk in RAM and on disk and resets the counters. The remote tier is shared
+    /// with other processes and keeps its chunks.
     pub fn clear(&self) -> Result<(), StoreError> {
         let mut inner = self.write();
         inner.ram.clear();
@@ -600,6 +710,7 @@ impl ChunkStore {
             disk_chunks: inner.disk.as_ref().map_or(0, |d| d.len()),
             disk_bytes: inner.disk.as_ref().map_or(0, |d| d.live_bytes()),
             corrupt_records: inner.disk.as_ref().map_or(0, |d| d.corrupt_records),
+            remote: self.remote.as_ref().map(RemoteTier::stats),
         }
     }
 
@@ -609,9 +720,16 @@ impl ChunkStore {
     }
 
     /// Writes every RAM chunk that the disk tier lacks to disk, durably (no-op without a disk
-    /// tier), so a restart finds them. Called on drop; call it yourself to bound what a crash can
+    /// tier), so a restart finds them, and waits (at most [`REMOTE_FLUSH_WAIT`]) for the chunks
+    /// queued for the remote tier. Called on drop; call it yourself to bound what a crash can
     /// lose.
     pub fn flush(&self) -> Result<(), StoreError> {
+        if !self.wait_remote_writes(REMOTE_FLUSH_WAIT) {
+            tracing::warn!(
+                "remote cache: chunks still queued after {} s; not waiting longer",
+                REMOTE_FLUSH_WAIT.as_secs()
+            );
+        }
         let mut inner = self.write();
         let Inner { ram, disk, .. } = &mut *inner;
         let Some(disk) = disk.as_mut() else {

@@ -18,6 +18,7 @@ fn concurrent_readers_and_writers_see_consistent_chunks() {
             eviction: EvictionPolicy::default(),
             disk: Some(DiskConfig::new(dir.path(), 1 << 30)),
             min_prefix_len: 1,
+            remote: None,
         })
         .unwrap(),
     );

@@ -37,6 +37,7 @@ fn config(dir: &Path, max_bytes: u64) -> StoreConfig {
             segment_bytes: 64 << 10,
         }),
         min_prefix_len: 1,
+        remote: None,
     }
 }
 

@@ -18,6 +18,7 @@ fn config(dir: &Path, ram_chunks: usize, disk_bytes: u64, chunk_bytes: usize) ->
             segment_bytes: 4096,
         }),
         min_prefix_len: 1,
+        remote: None,
     }
 }
 

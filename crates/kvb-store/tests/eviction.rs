@@ -13,6 +13,7 @@ fn store(chunks_fit: usize, chunk_bytes: usize, eviction: EvictionPolicy) -> Chu
         eviction,
         disk: None,
         min_prefix_len: 1,
+        remote: None,
     })
     .unwrap()
 }
@@ -43,7 +44,7 @@ proptest! {
         let n = ns();
         let chunks: Vec<_> = (0..30).map(|i| common::chunk(&n, &(0..(1 + i * 7 % 40) as u32).map(|t| t + 100 * i as u32).collect::<Vec<_>>())).collect();
         let policy = if lru { EvictionPolicy::Lru } else { EvictionPolicy::Frequency { recency_window: 5 } };
-        let s = ChunkStore::new(StoreConfig { max_ram_bytes: budget, eviction: policy, disk: None, min_prefix_len: 1 }).unwrap();
+        let s = ChunkStore::new(StoreConfig { max_ram_bytes: budget, eviction: policy, disk: None, min_prefix_len: 1, remote: None }).unwrap();
         let mut pinned = std::collections::HashSet::new();
         for op in ops {
             match op {

@@ -78,7 +78,7 @@ proptest! {
         let dir = tempfile::tempdir().unwrap();
         let budget = ram_chunks * chunks[0].bytes();
         let policy = if lru { EvictionPolicy::Lru } else { EvictionPolicy::default() };
-        let config = StoreConfig { max_ram_bytes: budget, eviction: policy, disk: Some(DiskConfig::new(dir.path(), 1 << 30)), min_prefix_len: 1 };
+        let config = StoreConfig { max_ram_bytes: budget, eviction: policy, disk: Some(DiskConfig::new(dir.path(), 1 << 30)), min_prefix_len: 1, remote: None };
         let mut store = ChunkStore::new(config.clone()).unwrap();
         let mut model: HashMap<PrefixKey, KvChunk> = HashMap::new();
         for op in ops {
@@ -132,6 +132,7 @@ fn longest_prefix_uses_a_partial_last_chunk_and_respects_the_minimum() {
     let b = chunk_after(&n, a.prefix_key, &[5, 6, 7, 8], 4);
     let store = ChunkStore::new(StoreConfig {
         min_prefix_len: 6,
+        remote: None,
         ..StoreConfig::ram(1 << 20)
     })
     .unwrap();

@@ -10,6 +10,7 @@ mod plots;
 mod report;
 mod results;
 pub mod server;
+pub mod shared;
 pub mod soak;
 mod workloads;
 

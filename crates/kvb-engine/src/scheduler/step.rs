@@ -277,8 +277,9 @@ impl<B: ModelBackend> Scheduler<B> {
     ///
     /// Chunks the pool's tree now holds are only recorded by content ([`crate::resident_chunks`]): the
     /// store gets them on eviction or on a content hit, so resident K/V is never held twice. A
-    /// warm (a request that generates nothing, made to fill the cache) and a sequence whose
-    /// blocks will not stay resident store theirs now.
+    /// warm (a request that generates nothing, made to fill the cache), a sequence whose blocks
+    /// will not stay resident, and every sequence of an engine with a remote tier store theirs
+    /// now.
     fn finish(&mut self, mut s: Sequence) {
         let rest = s.run.finish();
         if !rest.is_empty() {
@@ -292,7 +293,10 @@ impl<B: ModelBackend> Scheduler<B> {
             let tokens = &s.tokens[..exact];
             let shared = self.shared.clone();
             let writer = Self::writer(&shared);
+            // With a remote tier the store publishes what it gets to other engines, so a
+            // sequence's chunks go there now even when its blocks stay resident.
             let resident = shared.config.keep_resident
+                && !shared.store.has_remote()
                 && s.options.max_new_tokens > 0
                 && self
                     .blocks

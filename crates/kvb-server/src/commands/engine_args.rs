@@ -2,8 +2,11 @@
 //! engine's own ([`EngineConfig::default`]), read here, never restated.
 
 use clap::Args;
-use kvb_engine::{EngineConfig, GenerationMode, KvPrecision, PoolDtype, RecomputeStrategy};
+use kvb_engine::{
+    EngineConfig, GenerationMode, KvPrecision, PoolDtype, RecomputeStrategy, RemoteConfig,
+};
 use std::path::PathBuf;
+use std::time::Duration;
 
 fn defaults() -> EngineConfig {
     EngineConfig::default()
@@ -68,6 +71,14 @@ pub struct EngineArgs {
     /// A disk tier for the chunk store (kept across runs).
     #[arg(long)]
     pub disk_dir: Option<PathBuf>,
+    /// A chunk store shared with other kvb processes: redis://HOST:PORT/DB (Redis or Valkey).
+    /// Chunks computed here are written there in the background and read from there when no
+    /// local tier has them; when it is down or slow, requests go on with the local tiers.
+    #[arg(long, value_name = "URL")]
+    pub remote_cache: Option<String>,
+    /// Timeout of every call to the remote cache (connect, read, write), in milliseconds.
+    #[arg(long, default_value_t = RemoteConfig::new("").timeout.as_millis() as u64)]
+    pub remote_timeout_ms: u64,
     /// Cut chunks at sentence ends within this many tokens (0 = fixed cuts).
     #[arg(long, default_value_t = defaults().boundary_window)]
     pub boundary_window: usize,
@@ -106,6 +117,10 @@ impl EngineArgs {
             cacheblend_probe_layer: self.cacheblend_probe_layer,
             kv_precision: self.kv_precision,
             disk_dir: self.disk_dir.clone(),
+            remote_cache: self.remote_cache.as_ref().map(|url| RemoteConfig {
+                timeout: Duration::from_millis(self.remote_timeout_ms.max(1)),
+                ..RemoteConfig::new(url.clone())
+            }),
             boundary_window: self.boundary_window,
             sink_tokens: self.sink_tokens,
             strict: !model.no_strict,

@@ -148,6 +148,7 @@ impl AppState {
             pool_bytes_total: p.bytes_total(),
             store_ram_bytes: s.ram_bytes,
             store_disk_bytes: s.disk_bytes,
+            remote: s.remote,
             running: p.running,
             waiting: p.waiting,
             in_flight: self.in_flight.load(Ordering::Acquire),

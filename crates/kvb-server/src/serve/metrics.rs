@@ -1,6 +1,7 @@
 //! `GET /metrics`, in Prometheus' text format (prometheus-client): latencies, token counters,
 //! requests by status, and the pool, store and queue read from the engine at each scrape.
 
+use kvb_engine::RemoteStats;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -17,10 +18,59 @@ pub struct Snapshot {
     pub pool_bytes_total: usize,
     pub store_ram_bytes: usize,
     pub store_disk_bytes: u64,
+    /// The shared tier's counters, when there is one.
+    pub remote: Option<RemoteStats>,
     pub running: usize,
     pub waiting: usize,
     pub in_flight: usize,
 }
+
+/// The remote tier's counters, as gauges (0 without one): name, help, and how to read it.
+type RemoteCount = (&'static str, &'static str, fn(&RemoteStats) -> u64);
+
+/// A remote tier counter's gauge and how to read the counter.
+type RemoteGauge = (fn(&RemoteStats) -> u64, Gauge);
+
+const REMOTE_COUNTS: [RemoteCount; 8] = [
+    (
+        "remote_cache_hits",
+        "Chunks read from the remote cache",
+        |r| r.hits,
+    ),
+    (
+        "remote_cache_misses",
+        "Keys asked of the remote cache and not there",
+        |r| r.misses,
+    ),
+    (
+        "remote_cache_corrupt",
+        "Remote cache values dropped for a bad checksum, key or shape",
+        |r| r.corrupt,
+    ),
+    (
+        "remote_cache_errors",
+        "Remote cache calls that failed",
+        |r| r.errors,
+    ),
+    ("remote_cache_outages", "Remote cache outages begun", |r| {
+        r.outages
+    }),
+    (
+        "remote_cache_writes",
+        "Chunks written to the remote cache",
+        |r| r.writes,
+    ),
+    (
+        "remote_cache_writes_dropped",
+        "Chunks not written to the remote cache (backlog full, down or refused)",
+        |r| r.writes_dropped,
+    ),
+    (
+        "remote_cache_writes_pending",
+        "Chunks queued for the remote cache",
+        |r| r.writes_pending,
+    ),
+];
 
 /// A gauge and how a snapshot sets it.
 type SnapshotGauge = (fn(&Snapshot) -> i64, Gauge);
@@ -35,6 +85,7 @@ pub struct Metrics {
     generated_tokens: Counter,
     requests: Family<Vec<(String, String)>, Counter>,
     gauges: Vec<SnapshotGauge>,
+    remote_gauges: Vec<RemoteGauge>,
 }
 
 impl Metrics {
@@ -106,6 +157,13 @@ impl Metrics {
         gauge("store_disk_bytes", "Chunk store disk tier bytes", |s| {
             s.store_disk_bytes as i64
         });
+        // The shared tier's counters are read from the store at each scrape (so gauges); all
+        // stay 0 without one.
+        gauge(
+            "remote_cache_connected",
+            "1 while the remote cache answers, 0 during an outage or without one",
+            |s| s.remote.as_ref().map_or(0, |r| r.connected as i64),
+        );
         gauge("running_sequences", "Sequences running", |s| {
             s.running as i64
         });
@@ -115,6 +173,14 @@ impl Metrics {
         gauge("requests_in_flight", "Requests the server holds", |s| {
             s.in_flight as i64
         });
+        let remote_gauges = REMOTE_COUNTS
+            .iter()
+            .map(|&(name, help, read)| {
+                let g = Gauge::default();
+                registry.register(name, help, g.clone());
+                (read, g)
+            })
+            .collect();
         Metrics {
             registry,
             ttft,
@@ -124,6 +190,7 @@ impl Metrics {
             generated_tokens,
             requests,
             gauges,
+            remote_gauges,
         }
     }
 
@@ -150,6 +217,9 @@ impl Metrics {
     pub fn render(&self, snapshot: &Snapshot) -> String {
         for (read, g) in &self.gauges {
             g.set(read(snapshot));
+        }
+        for (read, g) in &self.remote_gauges {
+            g.set(snapshot.remote.as_ref().map_or(0, |r| read(r) as i64));
         }
         let mut out = String::new();
         // Writing into a String cannot fail.

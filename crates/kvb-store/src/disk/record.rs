@@ -42,7 +42,7 @@ pub(crate) struct Scanned<'a> {
 }
 
 /// Parses the record at `pos`, if it is whole and its checksum holds.
-pub(super) fn parse_record(bytes: &[u8], pos: usize) -> Option<Scanned<'_>> {
+pub(crate) fn parse_record(bytes: &[u8], pos: usize) -> Option<Scanned<'_>> {
     let header = bytes.get(pos..pos + HEADER)?;
     if &header[..4] != MAGIC || header[4] != VERSION {
         return None;

@@ -1,0 +1,143 @@
+//! Several `kvb serve` replicas sharing one Redis (Debian's redis-server, started here on a free
+//! loopback port): a document one replica read is a hit on another with Baseline's greedy
+//! answer; another K/V precision never reads it; Redis killed mid-run fails no request, and hits
+//! resume once it is back.
+
+mod common;
+
+use common::{client, tiny_model, Server};
+use kvb_store::remote::test_server::RedisServer;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+fn replica(model: &str, redis: &str, extra: &[&str]) -> Server {
+    let mut args = vec![
+        "--model",
+        model,
+        "--served-model-name",
+        "tiny",
+        "--chunk-size",
+        "32",
+        "--remote-cache",
+        redis,
+        "--remote-timeout-ms",
+        "300",
+    ];
+    args.extend_from_slice(extra);
+    Server::start(&args)
+}
+
+/// A greedy completion: (answer, cached prompt tokens).
+fn complete(s: &Server, prompt: &str) -> (String, u64) {
+    let r = client()
+        .post(s.url("/v1/completions"))
+        .json(&json!({"model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", s.log());
+    let v: Value = r.json().unwrap();
+    (
+        v["choices"][0]["text"].as_str().unwrap().to_string(),
+        v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap(),
+    )
+}
+
+fn remote_stats(s: &Server) -> Value {
+    s.stats()["store"]["remote"].clone()
+}
+
+/// Waits until `s` has written everything it queued for the shared tier.
+fn writes_landed(s: &Server) -> Value {
+    let end = Instant::now() + Duration::from_secs(60);
+    loop {
+        let r = remote_stats(s);
+        if r["writes_pending"] == 0 && r["writes"].as_u64().unwrap() > 0 {
+            return r;
+        }
+        assert!(Instant::now() < end, "writes never landed: {r}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn document(topic: &str) -> String {
+    format!("A note on {topic}: ").repeat(12)
+}
+
+#[test]
+fn replicas_share_what_they_read_and_survive_a_redis_outage() {
+    let mut redis = RedisServer::start().unwrap();
+    let (_dir, model) = tiny_model();
+    let model = model.to_str().unwrap();
+    let url = redis.url();
+    let a = replica(model, &url, &[]);
+    let b = replica(model, &url, &[]);
+    let baseline = Server::start(&[
+        "--model",
+        model,
+        "--served-model-name",
+        "tiny",
+        "--mode",
+        "baseline",
+    ]);
+
+    // A document warmed through A ...
+    let doc = document("rivers");
+    let r = client()
+        .post(a.url("/v1/warm"))
+        .json(&json!({"text": doc}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    writes_landed(&a);
+    // ... is a hit on B, whose greedy answer is Baseline's.
+    let prompt = format!("{doc}What flows?");
+    let (answer, cached) = complete(&b, &prompt);
+    assert!(cached >= 64, "B reused {cached} tokens from A's document");
+    assert_eq!(answer, complete(&baseline, &prompt).0);
+    let rb = remote_stats(&b);
+    assert!(rb["hits"].as_u64().unwrap() >= 2, "{rb}");
+    assert_eq!(rb["corrupt"], 0);
+
+    // Another K/V precision is another namespace: it never reads A's entries.
+    let int8 = replica(model, &url, &["--kv-precision", "int8"]);
+    let (_, cached) = complete(&int8, &prompt);
+    assert_eq!(cached, 0);
+    let r8 = remote_stats(&int8);
+    assert_eq!(r8["hits"], 0, "{r8}");
+    assert!(r8["misses"].as_u64().unwrap() > 0, "{r8}");
+
+    // Redis killed mid-run: every request still succeeds, from the local tiers.
+    redis.kill();
+    for (i, s) in [&a, &b, &a, &b].into_iter().enumerate() {
+        let (text, _) = complete(s, &format!("{}Question {i}?", document("lakes")));
+        assert!(!text.is_empty(), "an answer from the local tiers");
+    }
+    let rb = remote_stats(&b);
+    assert_eq!(rb["connected"], false, "{rb}");
+    assert!(rb["outages"].as_u64().unwrap() >= 1, "{rb}");
+    assert!(b.metrics().contains("kvb_remote_cache_outages 1"));
+    assert!(a.log().contains("unavailable"), "one warning per outage");
+
+    // Redis back (empty): after the retry interval, what A reads is a hit on B again.
+    redis.restart().unwrap();
+    std::thread::sleep(Duration::from_millis(1200));
+    let doc = document("mountains");
+    let prompt = format!("{doc}How high?");
+    let (first, cached_a) = complete(&a, &prompt);
+    assert!(
+        cached_a < 64,
+        "A had not read this document: cached {cached_a}"
+    );
+    writes_landed(&a);
+    let (again, cached_b) = complete(&b, &prompt);
+    assert!(
+        cached_b >= 64,
+        "hits resumed on B: cached {cached_b}; {}",
+        remote_stats(&b)
+    );
+    assert_eq!(again, first);
+    assert_eq!(remote_stats(&b)["connected"], true);
+    assert_eq!(a.log().matches("unavailable").count(), 1, "{}", a.log());
+}
