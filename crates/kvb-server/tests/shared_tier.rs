@@ -141,3 +141,30 @@ fn replicas_share_what_they_read_and_survive_a_redis_outage() {
     assert_eq!(remote_stats(&b)["connected"], true);
     assert_eq!(a.log().matches("unavailable").count(), 1, "{}", a.log());
 }
+
+#[test]
+fn a_document_one_replica_read_is_reused_by_another_at_another_position() {
+    let redis = RedisServer::start().unwrap();
+    let (_dir, model) = tiny_model();
+    let model = model.to_str().unwrap();
+    let a = replica(model, &redis.url(), &[]);
+    let b = replica(model, &redis.url(), &[]);
+    let doc = document("glaciers");
+    let r = client()
+        .post(a.url("/v1/warm"))
+        .json(&json!({"text": doc}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    writes_landed(&a);
+    // The document after a preamble B has never seen: found through the content index, placed
+    // at its new position and repaired.
+    let (_, cached) = complete(&b, &format!("Read this carefully, then answer. {doc}Why?"));
+    let rb = remote_stats(&b);
+    assert!(
+        cached >= 32,
+        "B reused {cached} tokens of A's document: {rb}"
+    );
+    assert!(rb["hits"].as_u64().unwrap() >= 1, "{rb}");
+    assert_eq!(rb["corrupt"], 0);
+}
