@@ -549,12 +549,23 @@ impl ChunkStore {
             content.dedup();
             (prefix, content)
         };
+        let started = std::time::Instant::now();
         let found = remote.fetch(&prefix, &content, &|k| self.contains(k));
+        let fetched = started.elapsed();
         let count = found.chunks.len();
+        let bytes: usize = found.chunks.iter().map(KvChunk::bytes).sum();
         for chunk in found.chunks {
             // Not queued for the remote tier again: it came from there.
             self.insert_local(Arc::new(chunk))?;
         }
+        tracing::debug!(
+            "remote cache: asked {} keys, got {count} chunks ({:.1} MB) in {:.1} ms \
+             (fetched and checked in {:.1} ms)",
+            prefix.len() + content.len(),
+            bytes as f64 / 1e6,
+            started.elapsed().as_secs_f64() * 1e3,
+            fetched.as_secs_f64() * 1e3
+        );
         Ok(count)
     }
 
