@@ -175,37 +175,47 @@ fn ci() -> Result<()> {
     }
     // The benchmark harness, on a tiny model, so it cannot rot: it must run every workload and
     // variant and write well-formed results (times are not checked).
-    let smoke = std::env::temp_dir().join("kvb-bench-smoke");
-    let _ = std::fs::remove_dir_all(&smoke);
-    let args: Vec<String> = ["--quick", "--model", "fixtures/tiny/llama", "--out"]
-        .iter()
-        .map(|s| s.to_string())
-        .chain([smoke.to_string_lossy().into_owned()])
-        .collect();
-    bench::run(&args, &kvb_binary()?)?;
-    bench::check_output(&smoke)?;
+    smoke_bench(
+        "kvb-bench-smoke",
+        &["--quick", "--model", "fixtures/tiny/llama"],
+        bench::run,
+        bench::check_output,
+    )?;
     // The server benchmark, briefly, on the default model: real HTTP clients, no errors.
-    let served = std::env::temp_dir().join("kvb-bench-server-smoke");
-    let _ = std::fs::remove_dir_all(&served);
-    let args = [
-        "--quick".to_string(),
-        "--out".to_string(),
-        served.to_string_lossy().into_owned(),
-    ];
-    bench::server::run(&args, &kvb_binary()?)?;
-    bench::server::check_output(&served)?;
+    smoke_bench(
+        "kvb-bench-server-smoke",
+        &["--quick"],
+        bench::server::run,
+        bench::server::check_output,
+    )?;
     // The shared tier's benchmark, briefly: two replicas and a Redis, something read from it.
-    let shared = std::env::temp_dir().join("kvb-bench-shared-smoke");
-    let _ = std::fs::remove_dir_all(&shared);
-    let args = [
-        "--quick".to_string(),
-        "--out".to_string(),
-        shared.to_string_lossy().into_owned(),
-    ];
-    bench::shared::run(&args, &kvb_binary()?)?;
-    bench::shared::check_output(&shared)?;
+    smoke_bench(
+        "kvb-bench-shared-smoke",
+        &["--quick"],
+        bench::shared::run,
+        bench::shared::check_output,
+    )?;
     eprintln!("ci: all steps passed");
     Ok(())
+}
+
+/// Runs a benchmark with `flags` and `--out` a fresh temporary folder named `name`, then checks
+/// what it wrote.
+fn smoke_bench(
+    name: &str,
+    flags: &[&str],
+    run: fn(&[String], &Path) -> Result<()>,
+    check: fn(&Path) -> Result<()>,
+) -> Result<()> {
+    let out = std::env::temp_dir().join(name);
+    let _ = std::fs::remove_dir_all(&out);
+    let args: Vec<String> = flags
+        .iter()
+        .map(|s| s.to_string())
+        .chain(["--out".to_string(), out.to_string_lossy().into_owned()])
+        .collect();
+    run(&args, &kvb_binary()?)?;
+    check(&out)
 }
 
 fn bench(args: &[String]) -> Result<()> {

@@ -61,6 +61,17 @@ fn writes_landed(s: &Server) -> Value {
     }
 }
 
+/// Warms `text` through `s` and waits until its chunks are in Redis.
+fn warm_and_publish(s: &Server, text: &str) {
+    let r = client()
+        .post(s.url("/v1/warm"))
+        .json(&json!({"text": text}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    writes_landed(s);
+}
+
 fn document(topic: &str) -> String {
     format!("A note on {topic}: ").repeat(12)
 }
@@ -84,13 +95,7 @@ fn replicas_share_what_they_read_and_survive_a_redis_outage() {
 
     // A document warmed through A ...
     let doc = document("rivers");
-    let r = client()
-        .post(a.url("/v1/warm"))
-        .json(&json!({"text": doc}))
-        .send()
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    writes_landed(&a);
+    warm_and_publish(&a, &doc);
     // ... is a hit on B, whose greedy answer is Baseline's.
     let prompt = format!("{doc}What flows?");
     let (answer, cached) = complete(&b, &prompt);
@@ -150,13 +155,7 @@ fn a_document_one_replica_read_is_reused_by_another_at_another_position() {
     let a = replica(model, &redis.url(), &[]);
     let b = replica(model, &redis.url(), &[]);
     let doc = document("glaciers");
-    let r = client()
-        .post(a.url("/v1/warm"))
-        .json(&json!({"text": doc}))
-        .send()
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    writes_landed(&a);
+    warm_and_publish(&a, &doc);
     // The document after a preamble B has never seen: found through the content index, placed
     // at its new position and repaired.
     let (_, cached) = complete(&b, &format!("Read this carefully, then answer. {doc}Why?"));

@@ -31,6 +31,11 @@ fn remote(s: &ChunkStore) -> RemoteStats {
     s.stats().remote.expect("a remote tier")
 }
 
+/// Stores `value` under `key` behind the tier's back (to corrupt or forge an entry).
+fn set_raw(conn: &mut redis::Connection, key: &str, value: &[u8]) {
+    let _: () = redis::cmd("SET").arg(key).arg(value).query(conn).unwrap();
+}
+
 /// Three chained chunks of one prompt.
 fn prompt_chunks(ns: &Namespace) -> Vec<KvChunk> {
     let mut parent = ns.root();
@@ -111,18 +116,10 @@ fn a_corrupted_value_is_dropped_counted_and_deleted() {
     let mut value: Vec<u8> = redis::cmd("GET").arg(&key).query(&mut conn).unwrap();
     let last = value.len() - 1;
     value[last] ^= 0x01; // one bit of the last K/V value
-    let _: () = redis::cmd("SET")
-        .arg(&key)
-        .arg(value)
-        .query(&mut conn)
-        .unwrap();
+    set_raw(&mut conn, &key, &value);
     // The content index of `other` forged to name `good`'s key: tokens that do not match.
     let forged = format!("kvb:c:{}", other.content_key.0.hex());
-    let _: () = redis::cmd("SET")
-        .arg(&forged)
-        .arg(good.prefix_key.bytes().as_slice())
-        .query(&mut conn)
-        .unwrap();
+    set_raw(&mut conn, &forged, good.prefix_key.bytes().as_slice());
 
     let b = remote_store(&redis.url());
     assert_eq!(b.prefetch(&[good.prefix_key], &[]).unwrap(), 0);
@@ -137,11 +134,7 @@ fn a_corrupted_value_is_dropped_counted_and_deleted() {
     a.invalidate(&good.prefix_key).unwrap();
     a.insert(good.clone()).unwrap();
     assert!(a.wait_remote_writes(WAIT));
-    let _: () = redis::cmd("SET")
-        .arg(&forged)
-        .arg(good.prefix_key.bytes().as_slice())
-        .query(&mut conn)
-        .unwrap();
+    set_raw(&mut conn, &forged, good.prefix_key.bytes().as_slice());
     let c = remote_store(&redis.url());
     assert_eq!(c.prefetch(&[], &[other.content_key]).unwrap(), 0);
     assert!(c.get_by_content(&other.content_key).unwrap().is_none());

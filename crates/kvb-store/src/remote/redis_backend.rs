@@ -36,7 +36,9 @@ impl RedisBackend {
     /// A backend for `url` (`redis://HOST:PORT/DB`, `redis+unix:///path`); nothing is connected
     /// yet. `timeout` bounds every connect, read and write.
     pub fn open(url: &str, timeout: Duration) -> Result<Self, String> {
-        let client = Client::open(url).map_err(|e| format!("remote cache URL {url:?}: {e}"))?;
+        let client = Client::open(url).map_err(|e| {
+            format!("remote cache URL {url:?} (expected redis://HOST:PORT/DB): {e}")
+        })?;
         let info = client.get_connection_info();
         let described = format!("{} db {}", info.addr(), info.redis_settings().db());
         Ok(RedisBackend {
