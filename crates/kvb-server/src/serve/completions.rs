@@ -395,6 +395,11 @@ async fn next_before(
     events: &mut UnboundedReceiver<Event>,
     deadline: Deadline,
 ) -> Result<Option<Event>, ()> {
+    // `timeout_at` polls the channel before its timer, so an event already queued would be
+    // taken past the deadline (a fast model answered a 1 us timeout with 200, now and then).
+    if Deadline::now() >= deadline {
+        return Err(());
+    }
     tokio::time::timeout_at(deadline, events.recv())
         .await
         .map_err(|_| ())
