@@ -51,6 +51,10 @@ commands:
                 warm questions; ratios from one run, in bench/results/<date>-peers/. Optional,
                 never in CI: pip-installs its peers into $KVB_PEERS_DIR (~/.cache/kvb/peers).
                 Options: --reps N (3), --threads N (all cores), --peers a,b, --out DIR
+  bench attn    the CubeCL attention kernel vs the reference ops on one device (causal prefill,
+                suffix after cached K/V, CacheBlend's scattered rows, decode): time, GFLOP/s,
+                speed-up; in bench/results/<date>-attn-<backend>/. Options: --backend wgpu|cuda
+                (wgpu), --quick (small shapes, for lavapipe)
   bench cache   key hashing, KIVI quantize/dequantize, store lookups (100k chunks), disk tier
   fuzz          every fuzz target of fuzz/ under libFuzzer for a bounded time (nightly and
                 cargo-fuzz, installed if missing); executions and crashes per target.
@@ -218,6 +222,38 @@ fn smoke_bench(
     check(&out)
 }
 
+/// `cargo xtask bench attn`: kvb-attn's `gpu_attention` bench on the chosen backend.
+fn bench_attn(args: &[String]) -> Result<()> {
+    let mut backend = "wgpu".to_string();
+    let mut quick = false;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--backend" => backend = it.next().context("--backend needs wgpu or cuda")?.clone(),
+            "--quick" => quick = true,
+            other => bail!("unknown option `{other}` (--backend wgpu|cuda, --quick)"),
+        }
+    }
+    if backend != "wgpu" && backend != "cuda" {
+        bail!("--backend takes wgpu or cuda, not `{backend}`");
+    }
+    let out = workspace_root().join("bench/results").join(format!(
+        "{}-attn-{backend}{}",
+        bench::today(),
+        if quick { "-quick" } else { "" }
+    ));
+    let mut cmd = cargo();
+    cmd.args(["bench", "-p", "kvb-attn", "--features"])
+        .arg(&backend)
+        .args(["--bench", "gpu_attention"])
+        .env("KVB_ATTN_BACKEND", &backend)
+        .env("KVB_BENCH_OUT", &out);
+    if quick {
+        cmd.env("KVB_BENCH_QUICK", "1");
+    }
+    run(&mut cmd)
+}
+
 fn bench(args: &[String]) -> Result<()> {
     match args.first().map(String::as_str) {
         Some("model") => run(cargo().args([
@@ -237,6 +273,7 @@ fn bench(args: &[String]) -> Result<()> {
         Some("shared") => bench::shared::run(&args[1..], &kvb_binary()?),
         Some("fidelity") => bench::fidelity::run(&args[1..], &kvb_binary()?),
         Some("peers") => bench::peers::run(&args[1..], &kvb_binary()?),
+        Some("attn") => bench_attn(&args[1..]),
         Some("cache") => run(cargo().args([
             "bench",
             "-p",

@@ -33,8 +33,4 @@ pub trait AttentionBackend: Backend {
     }
 }
 
-#[cfg(feature = "wgpu")]
-impl AttentionBackend for burn::backend::Wgpu<f32, i32> {}
-
-#[cfg(feature = "cuda")]
-impl AttentionBackend for burn::backend::Cuda<f32, i32> {}
+// burn-ndarray's kernels are in `cpu`, every CubeCL backend's (wgpu, CUDA) in `cube`.

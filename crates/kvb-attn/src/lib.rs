@@ -50,6 +50,8 @@
 mod backend;
 #[cfg(feature = "ndarray")]
 mod cpu;
+#[cfg(feature = "cube")]
+mod cube;
 pub mod fastmath;
 mod mask;
 pub mod paged;

@@ -3,48 +3,30 @@
 //! rows, arbitrary visible slots. On the CPU kernel a row's result is also independent of the
 //! rest of the batch, of where its blocks sit and of how its rows were chunked, bit for bit.
 
+mod common;
+
 use burn::backend::ndarray::NdArrayTensor;
 use burn::backend::NdArray;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
+use common::paged_case::{case, close, shapes, Case, PagedFn as PagedFnOn};
 use kvb_attn::{paged_attention, AttentionBackend, AttnError, PagedBatch, PagedSeq};
 use proptest::prelude::*;
 
 type B = NdArray<f32>;
 
-/// A pool and a batch over it, owned.
-#[derive(Debug, Clone)]
-struct Case {
-    hq: usize,
-    hkv: usize,
-    d: usize,
-    bs: usize,
-    pool_blocks: usize,
-    /// `[hkv][slots][d]` each.
-    k: Vec<f32>,
-    v: Vec<f32>,
-    seqs: Vec<Seq>,
-    /// `[hq][rows][d]`.
-    q: Vec<f32>,
+type PagedFn = PagedFnOn<B>;
+
+/// The CPU's ways to run a [`Case`], f16 pools included (f16 bits in a `u16` array, as
+/// kvb-model's CPU pool holds them).
+trait OnCpu {
+    fn run_cpu(&self, f: PagedFn) -> Result<Vec<f32>, AttnError>;
+    fn run_f16(&self, f: PagedFn) -> Result<Vec<f32>, AttnError>;
+    fn rounded_to_f16(&self) -> Case;
 }
 
-#[derive(Debug, Clone)]
-struct Seq {
-    blocks: Vec<u32>,
-    last: Vec<usize>,
-    decode: bool,
-}
-
-impl Case {
-    fn rows(&self) -> usize {
-        self.seqs.iter().map(|s| s.last.len()).sum()
-    }
-
-    fn run(&self, f: PagedFn) -> Result<Vec<f32>, AttnError> {
-        let shape = [self.hkv, self.pool_blocks * self.bs, self.d];
-        let pool = |v: &[f32]| {
-            Tensor::<B, 3>::from_data(TensorData::new(v.to_vec(), shape), &Default::default())
-        };
-        self.run_on(f, (pool(&self.k), pool(&self.v)))
+impl OnCpu for Case {
+    fn run_cpu(&self, f: PagedFn) -> Result<Vec<f32>, AttnError> {
+        self.run::<B>(f, &Default::default())
     }
 
     /// As [`Case::run`] over an f16 pool as kvb-model's CPU pool holds it (f16 bits in a `u16`
@@ -71,185 +53,13 @@ impl Case {
             ..self.clone()
         }
     }
-
-    fn run_on(
-        &self,
-        f: PagedFn,
-        (kp, vp): (Tensor<B, 3>, Tensor<B, 3>),
-    ) -> Result<Vec<f32>, AttnError> {
-        let dev = Default::default();
-        let rows = self.rows();
-        let q = Tensor::<B, 4>::from_data(
-            TensorData::new(self.q.clone(), [1, self.hq, rows, self.d]),
-            &dev,
-        );
-        let mut start = 0;
-        let seqs: Vec<PagedSeq> = self
-            .seqs
-            .iter()
-            .map(|s| {
-                let p = PagedSeq {
-                    blocks: &s.blocks,
-                    rows: start..start + s.last.len(),
-                    last_slot: &s.last,
-                    decode: s.decode,
-                };
-                start += s.last.len();
-                p
-            })
-            .collect();
-        let batch = PagedBatch {
-            block_size: self.bs,
-            seqs: &seqs,
-        };
-        let scale = (self.d as f32).powf(-0.5);
-        Ok(f(q, &kp, &vp, &batch, scale)?
-            .into_data()
-            .to_vec::<f32>()
-            .unwrap())
-    }
-
-    /// Per element in f64: `[rows][hq][d]`.
-    fn naive(&self) -> Vec<f32> {
-        let (hq, d, bs) = (self.hq, self.d, self.bs);
-        let slots = self.pool_blocks * bs;
-        let group = hq / self.hkv;
-        let rows = self.rows();
-        let mut out = vec![0f32; rows * hq * d];
-        let mut row = 0;
-        for s in &self.seqs {
-            for &last in &s.last {
-                for h in 0..hq {
-                    let kh = h / group;
-                    let key = |j: usize| s.blocks[j / bs] as usize * bs + j % bs;
-                    let scores: Vec<f64> = (0..=last)
-                        .map(|j| {
-                            (0..d)
-                                .map(|x| {
-                                    self.q[(h * rows + row) * d + x] as f64
-                                        * self.k[(kh * slots + key(j)) * d + x] as f64
-                                })
-                                .sum::<f64>()
-                                / (d as f64).sqrt()
-                        })
-                        .collect();
-                    let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                    let w: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-                    let sum: f64 = w.iter().sum();
-                    for x in 0..d {
-                        let acc: f64 = (0..=last)
-                            .map(|j| w[j] * self.v[(kh * slots + key(j)) * d + x] as f64)
-                            .sum();
-                        out[(row * hq + h) * d + x] = (acc / sum) as f32;
-                    }
-                }
-                row += 1;
-            }
-        }
-        out
-    }
 }
-
-type PagedFn = fn(
-    Tensor<B, 4>,
-    &Tensor<B, 3>,
-    &Tensor<B, 3>,
-    &PagedBatch,
-    f32,
-) -> Result<Tensor<B, 2>, AttnError>;
 
 /// The reference in tensor ops, and the backend's kernel.
 const IMPLEMENTATIONS: [PagedFn; 2] = [
     paged_attention::<B>,
     <B as AttentionBackend>::paged_attention,
 ];
-
-fn values(seed: u64, n: usize) -> Vec<f32> {
-    (0..n as u64)
-        .map(|i| {
-            let x = (i.wrapping_mul(2654435761).wrapping_add(seed * 97)) % 2003;
-            (x as f32 - 1001.0) / 400.0
-        })
-        .collect()
-}
-
-/// A random case: `n_seqs` sequences, the first `shared` blocks of each shared with sequence 0,
-/// the rest private, blocks placed by a seeded shuffle (or consecutively).
-fn case(
-    (hkv, group, d, bs): (usize, usize, usize, usize),
-    lens: &[(usize, usize, bool)],
-    shared: usize,
-    scatter: bool,
-    seed: u64,
-) -> Case {
-    let blocks_of: Vec<usize> = lens.iter().map(|&(len, _, _)| len.div_ceil(bs)).collect();
-    let pool_blocks: usize = blocks_of.iter().sum::<usize>() + 3;
-    let mut order: Vec<u32> = (0..pool_blocks as u32).collect();
-    if scatter {
-        let mut x = seed | 1;
-        for i in (1..order.len()).rev() {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            order.swap(i, (x >> 33) as usize % (i + 1));
-        }
-    }
-    let mut next = 0;
-    let mut seqs: Vec<Seq> = Vec::new();
-    for (i, &(len, rows, decode)) in lens.iter().enumerate() {
-        let mut blocks = Vec::new();
-        for b in 0..blocks_of[i] {
-            if i > 0 && b < shared.min(seqs[0].blocks.len()) {
-                blocks.push(seqs[0].blocks[b]);
-            } else {
-                blocks.push(order[next]);
-                next += 1;
-            }
-        }
-        // Decode rows see everything; prefill rows are the last `rows` slots, causally.
-        let rows = if decode { 1 } else { rows.clamp(1, len) };
-        let last = (len - rows..len).collect();
-        seqs.push(Seq {
-            blocks,
-            last,
-            decode,
-        });
-    }
-    let hq = hkv * group;
-    let rows: usize = seqs.iter().map(|s| s.last.len()).sum();
-    let slots = pool_blocks * bs;
-    Case {
-        hq,
-        hkv,
-        d,
-        bs,
-        pool_blocks,
-        k: values(seed, hkv * slots * d),
-        v: values(seed + 1, hkv * slots * d),
-        seqs,
-        q: values(seed + 2, hq * rows * d),
-    }
-}
-
-fn close(got: &[f32], want: &[f32], what: &str) -> Result<(), TestCaseError> {
-    prop_assert_eq!(got.len(), want.len());
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        prop_assert!(
-            (g - w).abs() <= 2e-5 * (1.0 + w.abs()),
-            "{what}: element {i}: {g} vs {w}"
-        );
-    }
-    Ok(())
-}
-
-fn shapes() -> impl Strategy<Value = (usize, usize, usize, usize)> {
-    (
-        prop::sample::select(vec![1usize, 2, 3]),
-        prop::sample::select(vec![1usize, 2, 3]),
-        prop::sample::select(vec![4usize, 8, 12, 16, 64]),
-        prop::sample::select(vec![1usize, 2, 4, 8, 16, 32]),
-    )
-}
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
@@ -265,7 +75,7 @@ proptest! {
         let c = case(shape, &lens, shared, scatter, seed);
         let want = c.naive();
         for (i, f) in IMPLEMENTATIONS.iter().enumerate() {
-            close(&c.run(*f).unwrap(), &want, &format!("implementation {i}"))?;
+            close(&c.run_cpu(*f).unwrap(), &want, &format!("implementation {i}"))?;
         }
     }
 
@@ -347,14 +157,14 @@ proptest! {
     ) {
         let kernel = IMPLEMENTATIONS[1];
         let c = case(shape, &lens, shared, scatter, seed);
-        let want = c.rounded_to_f16().run(kernel).unwrap();
+        let want = c.rounded_to_f16().run_cpu(kernel).unwrap();
         let got = c.run_f16(kernel).unwrap();
         prop_assert_eq!(bits(&got), bits(&want));
     }
 }
 
 fn kernel_rows(c: &Case, f: PagedFn) -> Vec<f32> {
-    c.run(f).unwrap()
+    c.run_cpu(f).unwrap()
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {

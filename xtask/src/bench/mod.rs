@@ -108,7 +108,7 @@ fn context_length(model: &Path) -> Option<usize> {
 }
 
 /// Today's date (UTC) as `YYYY-MM-DD`, from days since the epoch (proleptic Gregorian).
-fn today() -> String {
+pub(crate) fn today() -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())

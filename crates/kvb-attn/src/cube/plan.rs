@@ -1,0 +1,147 @@
+//! The host side of the GPU kernel: a paged batch flattened into the small integer tables the
+//! kernel reads, and cut into work items (one cube each per kv head).
+//!
+//! A work item is up to `rows_per_item` consecutive query rows of one sequence. Its rows share a
+//! block table, so the cube stages each K/V tile once for all of them (and for every q head of
+//! the group). Kept free of GPU types so that it is tested on any machine.
+
+use crate::paged::PagedBatch;
+
+/// Integers per work item in [`WorkPlan::items`].
+pub(crate) const ITEM_FIELDS: usize = 4;
+
+/// What one paged call sends to the kernel, as `i32` (burn's int element on wgpu and CUDA).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct WorkPlan {
+    /// Every sequence's block table, one after the other.
+    pub tables: Vec<i32>,
+    /// Per query row, the last logical slot it sees.
+    pub last_slot: Vec<i32>,
+    /// Per work item: first row, number of rows, offset of its table in `tables`, keys it reads
+    /// (one more than its rows' largest last slot).
+    pub items: Vec<i32>,
+}
+
+impl WorkPlan {
+    /// Number of work items.
+    pub fn len(&self) -> usize {
+        self.items.len() / ITEM_FIELDS
+    }
+}
+
+/// Rows per work item for a batch: one when no sequence has more than one row (decode steps,
+/// where more rows per cube would only idle), else as many as fit a cube of `max_units` units
+/// with `group` q heads per kv head, at most 16, a power of two.
+pub(crate) fn rows_per_item(batch: &PagedBatch, group: usize, max_units: usize) -> usize {
+    let longest = batch.seqs.iter().map(|s| s.rows.len()).max().unwrap_or(0);
+    let mut r = 1;
+    while r < 16 && r < longest && 2 * r * group <= max_units {
+        r *= 2;
+    }
+    r
+}
+
+/// Flattens `batch` into the kernel's tables. Sequences without rows send nothing; a checked
+/// batch (`check_paged`) keeps every value well inside `i32`.
+pub(crate) fn plan(batch: &PagedBatch, rows_per_item: usize) -> WorkPlan {
+    let mut plan = WorkPlan {
+        tables: Vec::new(),
+        last_slot: Vec::new(),
+        items: Vec::new(),
+    };
+    for seq in batch.seqs.iter().filter(|s| !s.rows.is_empty()) {
+        let table_offset = plan.tables.len() as i32;
+        plan.tables.extend(seq.blocks.iter().map(|&b| b as i32));
+        plan.last_slot
+            .extend(seq.last_slot.iter().map(|&s| s as i32));
+        for (i, lasts) in seq.last_slot.chunks(rows_per_item).enumerate() {
+            let first_row = seq.rows.start + i * rows_per_item;
+            let keys = lasts.iter().max().map_or(0, |&m| m + 1);
+            plan.items.extend([
+                first_row as i32,
+                lasts.len() as i32,
+                table_offset,
+                keys as i32,
+            ]);
+        }
+    }
+    plan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::paged::PagedSeq;
+    use proptest::prelude::*;
+
+    /// Random batches: sequences of 0..40 rows, each row seeing some slot of its blocks.
+    fn batch_parts() -> impl Strategy<Value = Vec<(Vec<u32>, Vec<usize>)>> {
+        prop::collection::vec(
+            (1usize..6).prop_flat_map(|blocks| {
+                (
+                    prop::collection::vec(0u32..64, blocks),
+                    prop::collection::vec(0..blocks * 4, 0..40),
+                )
+            }),
+            1..5,
+        )
+    }
+
+    proptest! {
+        /// Every row lands in exactly one item of its own sequence, items never exceed the row
+        /// budget, and an item's key count and table are those of its sequence.
+        #[test]
+        fn items_cover_every_row_once(parts in batch_parts(), group in 1usize..9) {
+            let mut seqs = Vec::new();
+            let mut next = 0;
+            for (blocks, lasts) in &parts {
+                seqs.push(PagedSeq { blocks, rows: next..next + lasts.len(), last_slot: lasts, decode: false });
+                next += lasts.len();
+            }
+            let batch = PagedBatch { block_size: 4, seqs: &seqs };
+            let per = rows_per_item(&batch, group, 256);
+            prop_assert!(per.is_power_of_two() && per * group <= 256 && per <= 16);
+            let p = plan(&batch, per);
+            prop_assert_eq!(p.last_slot.len(), next);
+            let mut owner = vec![usize::MAX; next];
+            for item in p.items.chunks(ITEM_FIELDS) {
+                let [first, n, table, keys] = [item[0], item[1], item[2], item[3]].map(|v| v as usize);
+                prop_assert!(n >= 1 && n <= per);
+                let s = seqs.iter().position(|s| s.rows.contains(&first)).unwrap();
+                prop_assert!(seqs[s].rows.contains(&(first + n - 1)));
+                prop_assert_eq!(&p.tables[table..table + seqs[s].blocks.len()],
+                    &seqs[s].blocks.iter().map(|&b| b as i32).collect::<Vec<_>>()[..]);
+                let want = (first..first + n).map(|r| p.last_slot[r] as usize + 1).max().unwrap();
+                prop_assert_eq!(keys, want);
+                for (r, o) in owner.iter_mut().enumerate().skip(first).take(n) {
+                    prop_assert_eq!(*o, usize::MAX, "row {} in two items", r);
+                    *o = s;
+                }
+            }
+            prop_assert!(owner.iter().all(|&o| o != usize::MAX));
+            for (r, &l) in p.last_slot.iter().enumerate() {
+                let s = &seqs[owner[r]];
+                prop_assert_eq!(l as usize, s.last_slot[r - s.rows.start]);
+            }
+        }
+    }
+
+    #[test]
+    fn decode_batches_get_one_row_per_item() {
+        let blocks = [0u32, 1];
+        let seqs: Vec<PagedSeq> = (0..3)
+            .map(|i| PagedSeq {
+                blocks: &blocks,
+                rows: i..i + 1,
+                last_slot: &[5],
+                decode: true,
+            })
+            .collect();
+        let batch = PagedBatch {
+            block_size: 4,
+            seqs: &seqs,
+        };
+        assert_eq!(rows_per_item(&batch, 3, 256), 1);
+        assert_eq!(plan(&batch, 1).len(), 3);
+    }
+}

@@ -1,0 +1,3 @@
+//! Helpers shared by the test files.
+
+pub mod paged_case;
