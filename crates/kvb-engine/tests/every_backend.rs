@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{around, config, max_abs_diff, opts, prompt, tiny};
+use common::{around, config, max_abs_diff, moved_document, opts, prompt, tiny};
 use kvb_engine::{Engine, EngineConfig, GenerationMode, RecomputeStrategy, Request};
 use kvb_model::ModelBackend;
 
@@ -91,10 +91,7 @@ fn interior_reuse_with_everything_recomputed_equals_a_prefill<B: ModelBackend>(d
 }
 
 fn repair_brings_a_moved_document_closer<B: ModelBackend>(device: &B::Device) {
-    let doc = prompt(10, 40);
-    let mut first = doc.clone();
-    first.extend(prompt(11, 5));
-    let moved = around((12, 21), &doc, (13, 4));
+    let (first, moved) = moved_document();
     let mut errors = Vec::new();
     for (strategy, ratio) in [
         (RecomputeStrategy::None, 0.0),

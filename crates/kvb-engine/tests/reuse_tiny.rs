@@ -1,11 +1,14 @@
 //! Reuse on the tiny reference models (no download): exact prefix reuse gives Baseline's tokens
 //! and logits; the next turn of a chat continues the previous one's resident blocks, or reads its
-//! answer from the store; interior reuse with every token recomputed equals a full prefill;
-//! repaired blocks stay resident; settings and prompts are checked.
+//! answer from the store; selective repair recomputes only after seams; repaired blocks stay
+//! resident; settings and prompts are checked. (Interior reuse with every token recomputed, and
+//! repair reducing a moved document's error, are in `every_backend.rs`, run on every backend.)
 
 mod common;
 
-use common::{around, config, engine, max_abs_diff, opts, prompt, same_bits, tiny, FAMILIES};
+use common::{
+    around, config, engine, max_abs_diff, moved_document, opts, prompt, same_bits, tiny, FAMILIES,
+};
 use kvb_engine::{
     Engine, EngineConfig, EngineError, GenerationMode, KvPrecision, PoolDtype, RecomputeStrategy,
 };
@@ -165,84 +168,6 @@ fn prefix_cache_mode_reuses_whole_blocks_and_chunks_only() {
         assert_eq!(cr.cached_tokens, 21, "to the token");
         assert_eq!(pc.token_ids, cr.token_ids);
     }
-}
-
-#[test]
-fn interior_reuse_with_everything_recomputed_equals_a_prefill() {
-    let cfg = EngineConfig {
-        recompute_strategy: RecomputeStrategy::CacheBlend,
-        recompute_ratio: 1.0,
-        ..config()
-    };
-    let e = engine("qwen2", cfg);
-    let doc = prompt(6, 32);
-    // Store the document at the start of one prompt...
-    let mut first = doc.clone();
-    first.extend(prompt(7, 5));
-    e.generate_tokens(&first, &opts(GenerationMode::ChunkReuse, 2), &mut |_| {})
-        .unwrap();
-    // ...and reuse it after a different preamble, at new positions.
-    let moved = around((8, 13), &doc, (9, 6));
-    let base = e
-        .generate_tokens(&moved, &opts(GenerationMode::Baseline, 12), &mut |_| {})
-        .unwrap();
-    let reuse = e
-        .generate_tokens(&moved, &opts(GenerationMode::ChunkReuse, 12), &mut |_| {})
-        .unwrap();
-    assert!(
-        reuse.approximate_chunks >= 3,
-        "{} approximate chunks",
-        reuse.approximate_chunks
-    );
-    assert_eq!(reuse.recomputed_tokens, reuse.cached_tokens);
-    assert_eq!(reuse.cached.interior, reuse.cached_tokens);
-    let d = max_abs_diff(&reuse.first_logits, &base.first_logits);
-    assert!(d < 1e-3, "logits differ by {d}");
-    assert_eq!(reuse.token_ids, base.token_ids);
-}
-
-/// A document moved behind a preamble, stored earlier elsewhere: (first prompt, moved prompt).
-fn moved_document() -> (Vec<u32>, Vec<u32>) {
-    let doc = prompt(10, 40);
-    let mut first = doc.clone();
-    first.extend(prompt(11, 5));
-    let moved = around((12, 21), &doc, (13, 4));
-    (first, moved)
-}
-
-#[test]
-fn repair_reduces_the_error_of_moved_chunks() {
-    let (first, moved) = moved_document();
-    let mut errors = Vec::new();
-    for (strategy, ratio) in [
-        (RecomputeStrategy::None, 0.0),
-        (RecomputeStrategy::CacheBlend, 0.5),
-        (RecomputeStrategy::CacheBlend, 1.0),
-    ] {
-        let e = engine(
-            "llama",
-            EngineConfig {
-                recompute_strategy: strategy,
-                recompute_ratio: ratio,
-                ..config()
-            },
-        );
-        e.generate_tokens(&first, &opts(GenerationMode::ChunkReuse, 1), &mut |_| {})
-            .unwrap();
-        let base = e
-            .generate_tokens(&moved, &opts(GenerationMode::Baseline, 1), &mut |_| {})
-            .unwrap();
-        let reuse = e
-            .generate_tokens(&moved, &opts(GenerationMode::ChunkReuse, 1), &mut |_| {})
-            .unwrap();
-        assert!(reuse.approximate_chunks > 0);
-        errors.push(max_abs_diff(&reuse.first_logits, &base.first_logits));
-    }
-    assert!(
-        errors[0] > errors[1] && errors[1] > errors[2],
-        "error must fall as more is recomputed: {errors:?}"
-    );
-    assert!(errors[2] < 1e-3);
 }
 
 #[test]

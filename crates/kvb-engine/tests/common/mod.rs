@@ -70,3 +70,12 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 pub fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
+
+/// A document moved behind a preamble, stored earlier elsewhere: (first prompt, moved prompt).
+pub fn moved_document() -> (Vec<u32>, Vec<u32>) {
+    let doc = prompt(10, 40);
+    let mut first = doc.clone();
+    first.extend(prompt(11, 5));
+    let moved = around((12, 21), &doc, (13, 4));
+    (first, moved)
+}
