@@ -151,8 +151,7 @@ fn report<B: AttentionBackend>(backend: &str, s: &Shape, dev: &B::Device) -> Str
 }
 
 fn main() {
-    // `cargo bench` passes `--bench`; this harness takes no arguments. The kernel is opt-in.
-    std::env::set_var("KVB_ATTN", "kernel");
+    // `cargo bench` passes `--bench`; this harness takes no arguments.
     let quick = std::env::var_os("KVB_BENCH_QUICK").is_some();
     let shape = if quick {
         // SmolLM2-135M's heads at a context lavapipe gets through in seconds.

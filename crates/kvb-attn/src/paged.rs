@@ -194,7 +194,9 @@ pub fn paged_attention<B: Backend>(
     }
     debug_assert!(kv_heads > 0);
     if parts.is_empty() {
-        return Ok(Tensor::zeros([rows, q_heads * d], &device));
+        // Zero elements: `empty` launches nothing, where burn-cubecl's `zeros` launches a kernel of
+        // zero cubes, which CUDA rejects (CUDA_ERROR_INVALID_VALUE).
+        return Ok(Tensor::empty([rows, q_heads * d], &device));
     }
     Ok(Tensor::cat(parts, 0))
 }

@@ -1,24 +1,18 @@
-//! The CubeCL kernel (run here on wgpu; CUDA compiles the same source) equals the per-element
-//! answer on random paged cases: GQA, head dims 8 to 128, block sizes 1 to 32, sequences sharing
-//! prefix blocks, scattered blocks, decode rows, prefill rows after cached K/V, lengths that are
-//! no multiple of the kernel's tile. The plain `attention` entry point (causal at an offset, and
-//! arbitrary slots) agrees with the reference ops. CI runs it on Mesa's lavapipe.
-#![cfg(feature = "wgpu")]
+//! The CubeCL kernel equals the per-element answer on random paged cases: GQA, head dims 8 to
+//! 128, block sizes 1 to 32, sequences sharing prefix blocks, scattered blocks, decode rows,
+//! prefill rows after cached K/V, lengths that are no multiple of the kernel's tile. The plain
+//! `attention` entry point (causal at an offset, and arbitrary slots) agrees with the reference
+//! ops. One body per promise, run on every CubeCL backend compiled in: wgpu (CI runs it on
+//! Mesa's lavapipe) and CUDA (ignored tests, run with `-- --ignored` where an NVIDIA GPU is).
+#![cfg(any(feature = "wgpu", feature = "cuda"))]
 
 mod common;
 
-use burn::backend::wgpu::WgpuDevice;
 use burn::tensor::{Distribution, Tensor, TensorData};
 use common::paged_case::{case, close};
 use kvb_attn::{attention, AttentionBackend, PagedBatch, PagedSeq, Visibility};
 use proptest::prelude::*;
-
-type G = burn::backend::Wgpu<f32, i32>;
-
-/// The kernel is opt-in (`KVB_ATTN=kernel`, read once per process); every test here wants it.
-fn choose_the_kernel() {
-    std::env::set_var("KVB_ATTN", "kernel");
-}
+use proptest::test_runner::TestCaseError;
 
 fn shapes() -> impl Strategy<Value = (usize, usize, usize, usize)> {
     (
@@ -29,61 +23,71 @@ fn shapes() -> impl Strategy<Value = (usize, usize, usize, usize)> {
     )
 }
 
-fn to_vec(t: Tensor<G, 4>) -> Vec<f32> {
+fn to_vec<B: burn::tensor::backend::Backend>(t: Tensor<B, 4>) -> Vec<f32> {
     t.into_data().convert::<f32>().to_vec::<f32>().unwrap()
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(32))]
+type Lens = Vec<(usize, usize, bool)>;
 
-    #[test]
-    fn cube_paged_attention_matches_naive(
-        shape in shapes(),
-        lens in prop::collection::vec((1usize..200, 1usize..40, any::<bool>()), 1..4),
-        shared in 0usize..10,
-        scatter in any::<bool>(),
-        seed in 0u64..1000,
-    ) {
-        choose_the_kernel();
-        let c = case(shape, &lens, shared, scatter, seed);
-        let got = c.run::<G>(<G as AttentionBackend>::paged_attention, &WgpuDevice::default()).unwrap();
-        close(&got, &c.naive(), "cube kernel")?;
-    }
-
-    /// Causal queries at an offset into longer K/V, and scattered slots (CacheBlend's rows).
-    #[test]
-    fn cube_attention_matches_the_reference(
-        (hkv, group, d) in (1usize..4, 1usize..5, prop::sample::select(vec![8usize, 32, 64])),
-        t in 1usize..90,
-        n_frac in 0.0f64..1.0,
-        scattered in any::<bool>(),
-        seed in 0u64..1000,
-    ) {
-        choose_the_kernel();
-        let dev = WgpuDevice::default();
-        let n = ((t as f64 * n_frac) as usize).clamp(1, t);
-        let hq = hkv * group;
-        let visibility = if scattered {
-            Visibility::UpToSlot((0..n).map(|i| (i * 7919 + seed as usize) % t).collect())
-        } else {
-            Visibility::Causal
-        };
-        let rand = |shape: [usize; 4]| Tensor::<G, 4>::random(shape, Distribution::Normal(0.0, 1.0), &dev);
-        let (q, k, v) = (rand([1, hq, n, d]), rand([1, hkv, t, d]), rand([1, hkv, t, d]));
-        let scale = (d as f32).powf(-0.5);
-        let want = to_vec(attention(q.clone(), k.clone(), v.clone(), &visibility, None, scale).unwrap());
-        let got = to_vec(<G as AttentionBackend>::attention(q, k, v, &visibility, None, scale).unwrap());
-        close(&got, &want, "cube attention")?;
-    }
+fn paged_matches_naive<B: AttentionBackend>(
+    shape: (usize, usize, usize, usize),
+    lens: &Lens,
+    shared: usize,
+    scatter: bool,
+    seed: u64,
+) -> Result<(), TestCaseError> {
+    let c = case(shape, lens, shared, scatter, seed);
+    let got = c
+        .run::<B>(
+            <B as AttentionBackend>::paged_attention,
+            &Default::default(),
+        )
+        .unwrap();
+    close(&got, &c.naive(), "cube kernel")
 }
 
-#[test]
-fn a_batch_without_rows_gives_an_empty_answer_and_bad_batches_are_errors() {
-    choose_the_kernel();
-    let dev = WgpuDevice::default();
-    let pool = Tensor::<G, 3>::zeros([1, 8, 4], &dev);
-    let q = Tensor::<G, 4>::zeros([1, 2, 0, 4], &dev);
-    let out = <G as AttentionBackend>::paged_attention(
+/// Causal queries at an offset into longer K/V, and scattered slots (CacheBlend's rows), against
+/// the reference ops on the CPU.
+fn attention_matches_the_reference<B: AttentionBackend>(
+    (hkv, group, d): (usize, usize, usize),
+    t: usize,
+    n_frac: f64,
+    scattered: bool,
+    seed: u64,
+) -> Result<(), TestCaseError> {
+    let dev = Default::default();
+    let n = ((t as f64 * n_frac) as usize).clamp(1, t);
+    let hq = hkv * group;
+    let visibility = if scattered {
+        Visibility::UpToSlot((0..n).map(|i| (i * 7919 + seed as usize) % t).collect())
+    } else {
+        Visibility::Causal
+    };
+    let rand =
+        |shape: [usize; 4]| Tensor::<B, 4>::random(shape, Distribution::Normal(0.0, 1.0), &dev);
+    let (q, k, v) = (
+        rand([1, hq, n, d]),
+        rand([1, hkv, t, d]),
+        rand([1, hkv, t, d]),
+    );
+    let scale = (d as f32).powf(-0.5);
+    // The reference runs on the CPU: on CUDA, burn's own f32 matrix products use TF32 tensor
+    // cores (10-bit mantissas), so the same ops on the GPU are no f32 yardstick.
+    let on_cpu = |t: &Tensor<B, 4>| {
+        Tensor::<burn::backend::NdArray<f32>, 4>::from_data(t.to_data(), &Default::default())
+    };
+    let want =
+        to_vec(attention(on_cpu(&q), on_cpu(&k), on_cpu(&v), &visibility, None, scale).unwrap());
+    let got =
+        to_vec(<B as AttentionBackend>::attention(q, k, v, &visibility, None, scale).unwrap());
+    close(&got, &want, "cube attention")
+}
+
+fn empty_and_bad_batches<B: AttentionBackend>() {
+    let dev = Default::default();
+    let pool = Tensor::<B, 3>::zeros([1, 8, 4], &dev);
+    let q = Tensor::<B, 4>::zeros([1, 2, 0, 4], &dev);
+    let out = <B as AttentionBackend>::paged_attention(
         q,
         &pool,
         &pool,
@@ -96,7 +100,7 @@ fn a_batch_without_rows_gives_an_empty_answer_and_bad_batches_are_errors() {
     .unwrap();
     assert_eq!(out.dims(), [0, 8]);
 
-    let q = Tensor::<G, 4>::from_data(TensorData::new(vec![1f32; 8], [1, 2, 1, 4]), &dev);
+    let q = Tensor::<B, 4>::from_data(TensorData::new(vec![1f32; 8], [1, 2, 1, 4]), &dev);
     let past_the_pool = [PagedSeq {
         blocks: &[2],
         rows: 0..1,
@@ -107,5 +111,54 @@ fn a_batch_without_rows_gives_an_empty_answer_and_bad_batches_are_errors() {
         block_size: 4,
         seqs: &past_the_pool,
     };
-    assert!(<G as AttentionBackend>::paged_attention(q, &pool, &pool, &batch, 0.5).is_err());
+    assert!(<B as AttentionBackend>::paged_attention(q, &pool, &pool, &batch, 0.5).is_err());
 }
+
+/// The three promises as tests of one backend module; `$ignore` marks backends that need
+/// hardware CI lacks.
+macro_rules! on_backend {
+    ($name:ident, $feature:literal, $backend:ty $(, #[$ignore:meta])?) => {
+        #[cfg(feature = $feature)]
+        mod $name {
+            use super::*;
+            type B = $backend;
+
+            proptest! {
+                #![proptest_config(ProptestConfig::with_cases(32))]
+
+                #[test]
+                $(#[$ignore])?
+                fn cube_paged_attention_matches_naive(
+                    shape in shapes(),
+                    lens in prop::collection::vec((1usize..200, 1usize..40, any::<bool>()), 1..4),
+                    shared in 0usize..10,
+                    scatter in any::<bool>(),
+                    seed in 0u64..1000,
+                ) {
+                    paged_matches_naive::<B>(shape, &lens, shared, scatter, seed)?;
+                }
+
+                #[test]
+                $(#[$ignore])?
+                fn cube_attention_matches_the_reference(
+                    heads in (1usize..4, 1usize..5, prop::sample::select(vec![8usize, 32, 64])),
+                    t in 1usize..90,
+                    n_frac in 0.0f64..1.0,
+                    scattered in any::<bool>(),
+                    seed in 0u64..1000,
+                ) {
+                    attention_matches_the_reference::<B>(heads, t, n_frac, scattered, seed)?;
+                }
+            }
+
+            #[test]
+            $(#[$ignore])?
+            fn a_batch_without_rows_gives_an_empty_answer_and_bad_batches_are_errors() {
+                empty_and_bad_batches::<B>();
+            }
+        }
+    };
+}
+
+on_backend!(wgpu, "wgpu", burn::backend::Wgpu<f32, i32>);
+on_backend!(cuda, "cuda", burn::backend::Cuda<f32, i32>, #[ignore = "needs an NVIDIA GPU"]);

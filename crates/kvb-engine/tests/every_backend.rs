@@ -173,11 +173,8 @@ macro_rules! on_every_backend {
         }
         #[cfg(feature = "wgpu")]
         mod wgpu {
-            // The CubeCL attention kernel is opt-in (`KVB_ATTN=kernel`, read once per process):
-            // these tests hold it to the CPU's assertions.
             $(#[test]
             fn $body() {
-                std::env::set_var("KVB_ATTN", "kernel");
                 super::$body::<kvb_model::backends::Wgpu>(&Default::default());
             })*
         }

@@ -53,6 +53,7 @@ mod error;
 pub mod fetch;
 pub mod generate;
 pub mod gguf;
+mod host_read;
 pub mod kv_cache;
 pub mod kv_pool;
 pub mod model;
@@ -65,6 +66,7 @@ pub mod weights;
 
 pub use config::{Family, ModelConfig, RopeScaling};
 pub use error::{ModelError, Result};
+pub use host_read::to_host_f32;
 pub use kv_cache::KvCache;
 pub use kv_pool::KvPool;
 pub use model::{

@@ -11,11 +11,18 @@ use crate::{QuantAxis, QuantConfig, QuantError};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 
+/// The values on the host. `to_vec` reinterprets the backend's bytes and rejects them when they
+/// are less aligned than `f32` (CUDA's staging buffers can be); then they are decoded one by one.
 fn to_f32(t: Tensor<impl Backend, 1>) -> Result<Vec<f32>, QuantError> {
-    t.into_data()
-        .convert::<f32>()
-        .to_vec::<f32>()
-        .map_err(|e| QuantError::Data(format!("{e:?}")))
+    let data = t.into_data().convert::<f32>();
+    Ok(match data.as_slice::<f32>() {
+        Ok(values) => values.to_vec(),
+        Err(_) => data
+            .as_bytes()
+            .chunks_exact(4)
+            .map(|b| f32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+    })
 }
 
 /// Pads `x` along `dim` to a multiple of `g` by repeating its last slice (min and max unchanged).

@@ -37,9 +37,7 @@
 #![warn(missing_docs)]
 
 use burn::tensor::Tensor;
-use kvb_model::{
-    ForwardBatch, KvPool, LogitsFor, Model, ModelBackend, ModelError, Result, SeqRows,
-};
+use kvb_model::{ForwardBatch, KvPool, LogitsFor, Model, ModelBackend, Result, SeqRows};
 use std::ops::Range;
 
 /// Which tokens of a reused span are recomputed.
@@ -209,14 +207,9 @@ fn key_deviation<B: ModelBackend>(
 ) -> Result<KeyDeviation> {
     let [_, _, n, _] = fresh.dims();
     let per_token = |t: Tensor<B, 4>| -> Result<Vec<f32>> {
-        (t.clone() * t)
-            .sum_dim(3)
-            .sum_dim(1)
-            .reshape([n])
-            .into_data()
-            .convert::<f32>()
-            .to_vec::<f32>()
-            .map_err(|e| ModelError::Forward(format!("reading key deviations: {e:?}")))
+        Ok(kvb_model::to_host_f32(
+            (t.clone() * t).sum_dim(3).sum_dim(1).reshape([n]),
+        ))
     };
     let absolute = per_token(fresh.clone() - cached)?;
     let norm = per_token(fresh)?;

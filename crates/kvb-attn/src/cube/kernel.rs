@@ -8,6 +8,10 @@
 //! K/V is read in place through the sequence's block table; the visibility of a row is "slots
 //! up to `last_slot`", which covers a causal prefill, a suffix after cached K/V, a decode step
 //! and CacheBlend's scattered rows alike.
+//!
+//! When the items are too few cubes to fill the GPU (a decode step over a long cache), the keys
+//! are also split across cubes (flash-decoding): cube `z` reads one split and writes its
+//! unnormalised output with its running max and sum, and [`merge_splits_kernel`] combines them.
 
 use super::plan::ITEM_FIELDS;
 use cubecl::prelude::*;
@@ -24,32 +28,43 @@ pub(crate) fn paged_attention_kernel<F: Float, I: Numeric>(
     tables: &Tensor<I>,    // every sequence's block table, concatenated
     last_slot: &Tensor<I>, // [rows]
     items: &Tensor<I>,     // [items * ITEM_FIELDS]
-    out: &mut Tensor<F>,   // [rows, q_heads * head_dim], contiguous
+    // Unsplit: [rows, q_heads * head_dim]. Split: the partials, [rows, q_heads, splits,
+    // head_dim + 2] contiguous (output, then running max and sum).
+    out: &mut Tensor<F>,
     scale: InputScalar,
     group: u32,
+    rows_per_item: u32,
     block_size: u32,
+    split_len: u32,
     #[comptime] head_dim: usize,
     #[comptime] tile: usize,
+    #[comptime] split: bool,
     #[define(F, I)] _dtypes: [StorageType; 2],
 ) {
     let item = CUBE_POS_X as usize * ITEM_FIELDS;
     let kv_head = CUBE_POS_Y as usize;
+    let split_pos = CUBE_POS_Z as usize;
+    let splits = CUBE_COUNT_Z as usize;
     let units = CUBE_DIM_X as usize;
     let unit = UNIT_POS_X as usize;
     let group = group as usize;
     let block_size = block_size as usize;
-    let rows_per_item = units / group;
+    let rows_per_item = rows_per_item as usize;
 
     let first_row = u32::cast_from(items[item]) as usize;
     let n_rows = u32::cast_from(items[item + 1]) as usize;
     let table = u32::cast_from(items[item + 2]) as usize;
     let keys = u32::cast_from(items[item + 3]) as usize;
+    // This cube's keys: its split of the item's.
+    let begin = split_pos * split_len as usize;
+    let end = (begin + split_len as usize).min(keys);
 
-    // Unit -> (q head of the group, row). Units past the item's rows idle but still reach every
-    // barrier (a unit that leaves early would hang the others on some runtimes).
+    // Unit -> (q head of the group, row). A cube may have more units than (head, row) pairs:
+    // the extra ones only help stage tiles (a decode item has just `group` pairs). Idle units
+    // still reach every barrier (a unit that leaves early would hang the others on some runtimes).
     let q_head = kv_head * group + unit / rows_per_item;
     let r = unit % rows_per_item;
-    let active = r < n_rows;
+    let active = r < n_rows && unit < group * rows_per_item;
     let row = first_row + r;
     let mut last = 0usize;
     if active {
@@ -75,8 +90,8 @@ pub(crate) fn paged_attention_kernel<F: Float, I: Numeric>(
     let mut v_tile = SharedMemory::<F>::new(tile * head_dim);
     let tile_elems = tile * head_dim;
 
-    let mut start = 0usize;
-    while start < keys {
+    let mut start = begin;
+    while start < end {
         // Stage keys [start, start + tile) of the item's sequence, read through its block table.
         let mut i = unit;
         while i < tile_elems {
@@ -84,7 +99,7 @@ pub(crate) fn paged_attention_kernel<F: Float, I: Numeric>(
             let e = i % head_dim;
             let mut k = F::new(0.0);
             let mut v = F::new(0.0);
-            if slot < keys {
+            if slot < end {
                 let block = u32::cast_from(tables[table + slot / block_size]) as usize;
                 let pool_slot = block * block_size + slot % block_size;
                 k = k_pool[kv_head * k_pool.stride(0)
@@ -105,7 +120,7 @@ pub(crate) fn paged_attention_kernel<F: Float, I: Numeric>(
             let mut tile_max = running_max;
             for j in 0..tile {
                 let mut s = F::new(NEG_BIG);
-                if start + j <= last {
+                if start + j <= last && start + j < end {
                     let mut dot = F::new(0.0);
                     for e in 0..head_dim {
                         dot += q_row[e] * k_tile[j * head_dim + e];
@@ -121,7 +136,7 @@ pub(crate) fn paged_attention_kernel<F: Float, I: Numeric>(
                 acc[e] *= correction;
             }
             for j in 0..tile {
-                if start + j <= last {
+                if start + j <= last && start + j < end {
                     let p = (scores[j] - tile_max).exp();
                     running_sum += p;
                     for e in 0..head_dim {
@@ -136,9 +151,54 @@ pub(crate) fn paged_attention_kernel<F: Float, I: Numeric>(
     }
 
     if active {
-        let base = row * out.stride(0) + q_head * head_dim;
-        for e in 0..head_dim {
-            out[base + e] = acc[e] / running_sum;
+        if split {
+            let q_heads = CUBE_COUNT_Y as usize * group;
+            let base = ((row * q_heads + q_head) * splits + split_pos) * (head_dim + 2);
+            for e in 0..head_dim {
+                out[base + e] = acc[e];
+            }
+            out[base + head_dim] = running_max;
+            out[base + head_dim + 1] = running_sum;
+        } else {
+            let base = row * out.stride(0) + q_head * head_dim;
+            for e in 0..head_dim {
+                out[base + e] = acc[e] / running_sum;
+            }
         }
     }
+}
+
+/// Combines the key splits of [`paged_attention_kernel`]: one cube per (row, q head), one unit
+/// per output element. Each unit rescales every split's partial output by `exp(max_s - max)`
+/// and divides by the rescaled total of the sums. A split that saw no key of its row has the
+/// sentinel max, so its weight is zero.
+#[cube(launch)]
+pub(crate) fn merge_splits_kernel<F: Float>(
+    partials: &Tensor<F>, // [rows, q_heads, splits, head_dim + 2]
+    out: &mut Tensor<F>,  // [rows, q_heads * head_dim], contiguous
+    splits: u32,
+    #[comptime] head_dim: usize,
+    #[define(F)] _dtype: StorageType,
+) {
+    let row = CUBE_POS_X as usize;
+    let q_head = CUBE_POS_Y as usize;
+    let q_heads = CUBE_COUNT_Y as usize;
+    let e = UNIT_POS_X as usize;
+    let splits = splits as usize;
+    let width = head_dim + 2;
+    let base = (row * q_heads + q_head) * splits * width;
+
+    let mut max = F::new(NEG_BIG);
+    for s in 0..splits {
+        max = F::max(max, partials[base + s * width + head_dim]);
+    }
+    let mut sum = F::new(0.0);
+    let mut acc = F::new(0.0);
+    for s in 0..splits {
+        let at = base + s * width;
+        let weight = (partials[at + head_dim] - max).exp();
+        sum += weight * partials[at + head_dim + 1];
+        acc += weight * partials[at + e];
+    }
+    out[row * out.stride(0) + q_head * head_dim + e] = acc / sum;
 }

@@ -1,15 +1,14 @@
 //! Attention kernels for the burn backends built on CubeCL: wgpu (Vulkan, Metal, DX12, and
 //! lavapipe on a CPU) and CUDA, from one kernel source ([`kernel`]).
 //!
-//! Both entry points of [`AttentionBackend`] can run the same paged flash-attention kernel: a
-//! paged call directly, a plain call as one sequence whose K/V is a single block (a plain call
-//! with an extra boolean mask or a batch of more than one stays on the reference ops; the engine
-//! makes neither). The kernel matches the reference within float rounding on every property test
-//! (`tests/cube_matches_naive.rs`) and the tiny models, but it is **opt-in for now**:
-//! `KVB_ATTN=kernel` in the environment (read once per process) turns it on, and without it the
-//! reference ops run, as before. Why: on the default model over lavapipe, a 451-token prompt gave
-//! other greedy tokens with the kernel than with the reference (121 and 301 tokens agree), and
-//! the cause is not found yet; a kernel that can change an answer does not become the default.
+//! Both entry points of [`AttentionBackend`] run the same paged flash-attention kernel: a paged
+//! call directly, a plain call as one sequence whose K/V is a single block (a plain call with an
+//! extra boolean mask or a batch of more than one stays on the reference ops; the engine makes
+//! neither). The kernel matches the per-element answer on every property test
+//! (`tests/cube_matches_naive.rs`, on lavapipe in CI and on CUDA and NVIDIA's Vulkan on an H100)
+//! and the default model's greedy output on every backend. `KVB_ATTN=reference` in the
+//! environment (read once per process) runs burn's reference ops instead, to compare or to
+//! work around a driver that miscompiles the kernel.
 mod kernel;
 mod plan;
 
@@ -28,10 +27,14 @@ const TILE_KEYS: usize = 16;
 /// Units per cube the kernel asks for at most.
 const MAX_UNITS: usize = 256;
 
-/// Whether `KVB_ATTN=kernel` turns the kernel on (see the module doc for why it is opt-in).
+/// Units per cube at least: (head, row) pairs can be as few as a decode item's `group`, and a
+/// K/V tile staged by three units would leave the loads serial.
+const MIN_UNITS: usize = 64;
+
+/// The kernel runs unless `KVB_ATTN=reference` asks for burn's reference ops.
 fn kernel_chosen() -> bool {
     static CHOSEN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *CHOSEN.get_or_init(|| std::env::var("KVB_ATTN").is_ok_and(|v| v == "kernel"))
+    *CHOSEN.get_or_init(|| !std::env::var("KVB_ATTN").is_ok_and(|v| v == "reference"))
 }
 
 impl<R, F, I, BT> AttentionBackend for CubeBackend<R, F, I, BT>
@@ -90,7 +93,9 @@ where
         let dims = check_paged(q.dims(), k_pool.dims(), v_pool.dims(), batch)?;
         let device = q.device();
         if dims.rows == 0 {
-            return Ok(Tensor::zeros([0, dims.q_heads * dims.head_dim], &device));
+            // Zero elements: `empty` launches nothing, where burn-cubecl's `zeros` launches a kernel of
+            // zero cubes, which CUDA rejects (CUDA_ERROR_INVALID_VALUE).
+            return Ok(Tensor::empty([0, dims.q_heads * dims.head_dim], &device));
         }
         let group = dims.q_heads / dims.kv_heads;
         let client = q.clone().into_primitive().tensor().client;
@@ -102,6 +107,7 @@ where
         }
         let rows_per_item = plan::rows_per_item(batch, group, max_units);
         let work = plan::plan(batch, rows_per_item);
+        let split = plan::key_split(&work, dims.kv_heads, TILE_KEYS);
         let ints = |v: Vec<i32>| {
             let n = v.len();
             Tensor::<Self, 1, Int>::from_data(TensorData::new(v, [n]), &device).into_primitive()
@@ -116,8 +122,10 @@ where
             Launch {
                 items: n_items,
                 rows_per_item,
+                units: (rows_per_item * group).max(MIN_UNITS.min(max_units)),
                 group,
                 block_size: batch.block_size,
+                split,
                 scale,
             },
         );
@@ -129,12 +137,16 @@ where
 struct Launch {
     items: usize,
     rows_per_item: usize,
+    /// Units per cube: every (head, row) pair, and more to stage tiles with when they are few.
+    units: usize,
     group: usize,
     block_size: usize,
+    split: plan::KeySplit,
     scale: f32,
 }
 
-/// Allocates the output `[rows, q_heads * head_dim]` and runs the kernel into it.
+/// Allocates the output `[rows, q_heads * head_dim]` and runs the kernel into it, through the
+/// partials of every key split and their merge when the keys are split.
 fn launch<R: CubeRuntime>(
     q: CubeTensor<R>,
     k_pool: CubeTensor<R>,
@@ -146,29 +158,49 @@ fn launch<R: CubeRuntime>(
     let client = q.client.clone();
     let float = q.dtype;
     let int = tables.dtype;
-    let out = empty_device_contiguous_dtype::<R>(
-        client.clone(),
-        q.device.clone(),
-        [dims.rows, dims.q_heads * dims.head_dim].into(),
-        float,
-    );
+    let device = q.device.clone();
+    let alloc = |shape: Vec<usize>| {
+        empty_device_contiguous_dtype::<R>(client.clone(), device.clone(), shape.into(), float)
+    };
+    let out = alloc(vec![dims.rows, dims.q_heads * dims.head_dim]);
+    let splits = l.split.splits;
+    let first_pass = if splits > 1 {
+        alloc(vec![dims.rows, dims.q_heads, splits, dims.head_dim + 2])
+    } else {
+        out.clone()
+    };
     kernel::paged_attention_kernel::launch::<R>(
         &client,
-        CubeCount::Static(l.items as u32, dims.kv_heads as u32, 1),
-        CubeDim::new_1d((l.rows_per_item * l.group) as u32),
+        CubeCount::Static(l.items as u32, dims.kv_heads as u32, splits as u32),
+        CubeDim::new_1d(l.units as u32),
         q.into_tensor_arg(),
         k_pool.into_tensor_arg(),
         v_pool.into_tensor_arg(),
         tables.into_tensor_arg(),
         last_slot.into_tensor_arg(),
         items.into_tensor_arg(),
-        out.clone().into_tensor_arg(),
+        first_pass.clone().into_tensor_arg(),
         InputScalar::new(l.scale, float),
         l.group as u32,
+        l.rows_per_item as u32,
         l.block_size as u32,
+        l.split.split_len as u32,
         dims.head_dim,
         TILE_KEYS,
+        splits > 1,
         [float.into(), int.into()],
     );
+    if splits > 1 {
+        kernel::merge_splits_kernel::launch::<R>(
+            &client,
+            CubeCount::Static(dims.rows as u32, dims.q_heads as u32, 1),
+            CubeDim::new_1d(dims.head_dim as u32),
+            first_pass.into_tensor_arg(),
+            out.clone().into_tensor_arg(),
+            splits as u32,
+            dims.head_dim,
+            float.into(),
+        );
+    }
     out
 }

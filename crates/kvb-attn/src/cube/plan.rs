@@ -68,6 +68,43 @@ pub(crate) fn plan(batch: &PagedBatch, rows_per_item: usize) -> WorkPlan {
     plan
 }
 
+/// Cubes a launch aims for at least: enough to keep a large GPU busy (an H100 has 132
+/// multiprocessors, each running several cubes at once).
+const TARGET_CUBES: usize = 1024;
+
+/// A split reads at least this many keys: a shorter one would cost the merge more than it saves.
+const MIN_SPLIT_KEYS: usize = 64;
+
+/// How the keys of every work item are cut for a launch (flash-decoding): cube `z` of an item
+/// reads keys `z * split_len .. (z + 1) * split_len`, and a merge pass combines the partial
+/// softmax sums. One split means no merge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct KeySplit {
+    pub splits: usize,
+    /// A multiple of the kernel's tile, so that a split stages whole tiles.
+    pub split_len: usize,
+}
+
+/// Splits the keys when the items alone (times `kv_heads`) are too few cubes to fill a GPU: a
+/// decode batch (one row per item over thousands of keys), or a short suffix after a long cache.
+pub(crate) fn key_split(plan: &WorkPlan, kv_heads: usize, tile: usize) -> KeySplit {
+    let max_keys = plan
+        .items
+        .chunks(ITEM_FIELDS)
+        .map(|item| item[3] as usize)
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let cubes = (plan.len() * kv_heads).max(1);
+    let wanted = TARGET_CUBES.div_ceil(cubes);
+    let splits = wanted.clamp(1, (max_keys / MIN_SPLIT_KEYS).max(1));
+    let split_len = max_keys.div_ceil(splits).next_multiple_of(tile);
+    KeySplit {
+        splits: max_keys.div_ceil(split_len),
+        split_len,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,6 +161,43 @@ mod tests {
                 prop_assert_eq!(l as usize, s.last_slot[r - s.rows.start]);
             }
         }
+    }
+
+    proptest! {
+        /// The splits cover every item's keys in whole tiles with no split left empty, and a
+        /// launch that already has enough cubes is not split.
+        #[test]
+        fn key_splits_cover_the_keys(
+            keys in prop::collection::vec(1usize..20_000, 1..300),
+            kv_heads in 1usize..9,
+            tile in prop::sample::select(vec![1usize, 8, 16, 32]),
+        ) {
+            let items = keys.iter().flat_map(|&k| [0, 1, 0, k as i32]).collect();
+            let plan = WorkPlan { tables: vec![], last_slot: vec![], items };
+            let KeySplit { splits, split_len } = key_split(&plan, kv_heads, tile);
+            let max_keys = *keys.iter().max().unwrap();
+            prop_assert!(splits >= 1 && split_len % tile == 0);
+            prop_assert!(splits * split_len >= max_keys);
+            prop_assert!((splits - 1) * split_len < max_keys, "an empty split");
+            if keys.len() * kv_heads >= TARGET_CUBES || max_keys <= MIN_SPLIT_KEYS {
+                prop_assert_eq!(splits, 1);
+            }
+            if splits > 1 {
+                prop_assert!(split_len >= MIN_SPLIT_KEYS.min(max_keys));
+            }
+        }
+    }
+
+    #[test]
+    fn a_decode_step_over_a_long_cache_is_split() {
+        let plan = WorkPlan {
+            tables: vec![],
+            last_slot: vec![],
+            items: vec![0, 1, 0, 4096],
+        };
+        let s = key_split(&plan, 3, 16);
+        assert!(s.splits >= 32, "{s:?}");
+        assert!(s.splits * s.split_len >= 4096);
     }
 
     #[test]

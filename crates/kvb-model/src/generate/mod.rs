@@ -101,11 +101,7 @@ pub fn eos_ids(model_eos: &[u32], tokenizer: &Tokenizer) -> Vec<u32> {
 
 /// The values of a `[1, vocab]` logits tensor on the host.
 pub fn logits_to_vec<B: Backend>(logits: Tensor<B, 2>) -> Result<Vec<f32>> {
-    logits
-        .into_data()
-        .convert::<f32>()
-        .to_vec::<f32>()
-        .map_err(|e| ModelError::Forward(format!("cannot read logits: {e:?}")))
+    Ok(crate::to_host_f32(logits))
 }
 
 /// Continues a sequence whose prompt already sits in `cache`, starting from the logits of its

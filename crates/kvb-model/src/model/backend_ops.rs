@@ -138,11 +138,7 @@ pub trait ModelBackend: AttentionBackend {
 
     /// The values at pool slots `slots`, `[kv_heads, n, head_dim]`, on the host.
     fn pool_read_host(pool: &Tensor<Self, 3>, slots: &[usize]) -> Vec<f32> {
-        Self::pool_gather(pool, slots)
-            .into_data()
-            .convert::<f32>()
-            .to_vec::<f32>()
-            .unwrap_or_default()
+        crate::to_host_f32(Self::pool_gather(pool, slots))
     }
 }
 
@@ -247,7 +243,9 @@ pub fn pool_read<B: Backend>(pool: &Tensor<B, 3>, slots: &[usize]) -> Tensor<B, 
         .map(|(_, first, len)| pool.clone().slice([0..h, first..first + len, 0..d]))
         .collect();
     match parts.len() {
-        0 => Tensor::zeros([h, 0, d], &pool.device()),
+        // Zero elements: `empty` launches nothing, where burn-cubecl's `zeros` launches a kernel of
+        // zero cubes, which CUDA rejects (CUDA_ERROR_INVALID_VALUE).
+        0 => Tensor::empty([h, 0, d], &pool.device()),
         1 => parts.pop().expect("one part"),
         n if n <= 8 => Tensor::cat(parts, 1),
         _ => {

@@ -5,7 +5,7 @@
 
 use super::layers::{Embedding, Linear, LinearWeight, RmsNorm};
 use super::{Model, ModelBackend};
-use crate::error::{ModelError, Result};
+use crate::error::Result;
 use crate::packed::{PackedMatrix, CELL_ROWS};
 use burn::tensor::{Tensor, TensorData};
 use std::sync::Arc;
@@ -31,11 +31,7 @@ pub(super) fn round_tensor<B: ModelBackend, const D: usize>(
     x: Tensor<B, D>,
 ) -> Result<Tensor<B, D>> {
     let (shape, device) = (x.shape(), x.device());
-    let values: Vec<f32> = x
-        .into_data()
-        .convert::<f32>()
-        .to_vec::<f32>()
-        .map_err(|e| ModelError::Forward(format!("reading activations to round: {e:?}")))?;
+    let values = crate::to_host_f32(x);
     let rounded: Vec<f32> = values.into_iter().map(bf16).collect();
     Ok(Tensor::from_data(TensorData::new(rounded, shape), &device))
 }

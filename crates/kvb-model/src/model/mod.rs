@@ -523,7 +523,9 @@ impl<B: ModelBackend> Model<B> {
                 }
                 Some(rows)
             }
-            LogitsFor::Nothing => return Ok(Tensor::zeros([0, c.vocab_size], &self.device)),
+            // Zero elements: `empty` launches nothing, where burn-cubecl's `zeros` launches a kernel of
+            // zero cubes, which CUDA rejects (CUDA_ERROR_INVALID_VALUE).
+            LogitsFor::Nothing => return Ok(Tensor::empty([0, c.vocab_size], &self.device)),
         };
         let x = match rows {
             Some(rows) if rows.len() == 1 => {
