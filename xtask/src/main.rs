@@ -53,8 +53,9 @@ commands:
                 Options: --reps N (3), --threads N (all cores), --peers a,b, --out DIR
   bench attn    the CubeCL attention kernel vs the reference ops on one device (causal prefill,
                 suffix after cached K/V, CacheBlend's scattered rows, decode): time, GFLOP/s,
-                speed-up; in bench/results/<date>-attn-<backend>/. Options: --backend wgpu|cuda
-                (wgpu), --quick (small shapes, for lavapipe)
+                speed-up; then the default model's prefill and decode with either attention
+                (kvb replay). In bench/results/<date>-attn-<backend>/. Options: --backend
+                wgpu|cuda (wgpu), --quick (small shapes and prompts, for lavapipe)
   bench cache   key hashing, KIVI quantize/dequantize, store lookups (100k chunks), disk tier
   fuzz          every fuzz target of fuzz/ under libFuzzer for a bounded time (nightly and
                 cargo-fuzz, installed if missing); executions and crashes per target.
@@ -222,7 +223,8 @@ fn smoke_bench(
     check(&out)
 }
 
-/// `cargo xtask bench attn`: kvb-attn's `gpu_attention` bench on the chosen backend.
+/// `cargo xtask bench attn`: kvb-attn's `gpu_attention` bench on the chosen backend, then the
+/// default model's prefill and decode with the kernel and with the reference ops.
 fn bench_attn(args: &[String]) -> Result<()> {
     let mut backend = "wgpu".to_string();
     let mut quick = false;
@@ -251,7 +253,21 @@ fn bench_attn(args: &[String]) -> Result<()> {
     if quick {
         cmd.env("KVB_BENCH_QUICK", "1");
     }
-    run(&mut cmd)
+    run(&mut cmd)?;
+    // The default model's prefill and decode with the kernel and with the reference ops.
+    let size = if quick {
+        &bench::attn_model::Size::QUICK
+    } else {
+        &bench::attn_model::Size::FULL
+    };
+    let model = bench::attn_model::run(&kvb_binary()?, &backend, size, &out.join("raw"))?;
+    let results = out.join("results.md");
+    let mut text = std::fs::read_to_string(&results)
+        .with_context(|| format!("reading {}", results.display()))?;
+    text.push_str(&model);
+    std::fs::write(&results, &text).with_context(|| format!("writing {}", results.display()))?;
+    eprint!("{model}");
+    Ok(())
 }
 
 fn bench(args: &[String]) -> Result<()> {

@@ -3,6 +3,7 @@
 //! repetition starts cold and each variant's peak memory is its own), then reduces the results to
 //! medians and writes tables, JSON and plots under `bench/results/<date>/`.
 
+pub mod attn_model;
 mod concurrency;
 pub mod fidelity;
 pub mod peers;

@@ -40,6 +40,9 @@ pub struct Line {
     pub recomputed_tokens: usize,
     pub stages: Stages,
     pub token_ids: Vec<u32>,
+    /// Decode speed of the request (its generated tokens after the first, per second).
+    #[serde(default)]
+    pub tokens_per_sec: f64,
     pub rss_bytes: Option<u64>,
     pub peak_rss_bytes: Option<u64>,
 }
