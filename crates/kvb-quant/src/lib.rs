@@ -113,7 +113,4 @@ pub enum QuantError {
         /// Its index in the block.
         index: usize,
     },
-    /// A backend returned data of an unexpected type.
-    #[error("tensor data: {0}")]
-    Data(String),
 }

@@ -206,13 +206,11 @@ fn key_deviation<B: ModelBackend>(
     cached: Tensor<B, 4>,
 ) -> Result<KeyDeviation> {
     let [_, _, n, _] = fresh.dims();
-    let per_token = |t: Tensor<B, 4>| -> Result<Vec<f32>> {
-        Ok(kvb_model::to_host_f32(
-            (t.clone() * t).sum_dim(3).sum_dim(1).reshape([n]),
-        ))
+    let per_token = |t: Tensor<B, 4>| {
+        kvb_model::to_host_f32((t.clone() * t).sum_dim(3).sum_dim(1).reshape([n]))
     };
-    let absolute = per_token(fresh.clone() - cached)?;
-    let norm = per_token(fresh)?;
+    let absolute = per_token(fresh.clone() - cached);
+    let norm = per_token(fresh);
     let relative = absolute
         .iter()
         .zip(&norm)
