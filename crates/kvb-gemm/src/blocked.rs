@@ -17,7 +17,7 @@
 //! Rounds as the crate doc says (the same bits as matrixmultiply's sgemm, tested).
 
 use crate::kernel::{self, MR, NR};
-use crate::{has_fma, KC};
+use crate::{Isa, KC};
 use rayon::prelude::*;
 /// Rows of `y` per task, a whole number of micro-kernel panels: `[MC, KC]` of packed `x`
 /// (252 KiB) stays in L2 while a weight panel passes over it.
@@ -50,12 +50,23 @@ impl WeightPanels for DenseWeight<'_> {
 
 /// `y = x · w` for row-major `x [m, k]` and a `[k, n]` weight, on rayon's threads.
 pub fn matmul(x: &[f32], m: usize, k: usize, n: usize, w: &impl WeightPanels) -> Vec<f32> {
+    matmul_with(crate::isa(), x, m, k, n, w)
+}
+
+/// [`matmul`] with the kernels of `isa` (one of [`Isa::supported`]).
+pub(crate) fn matmul_with(
+    isa: Isa,
+    x: &[f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    w: &impl WeightPanels,
+) -> Vec<f32> {
     assert!(x.len() >= m * k, "gemm::matmul: operand sizes");
     let mut y = vec![0f32; m * n];
     if m == 0 || n == 0 || k == 0 {
         return y;
     }
-    let fused = has_fma();
     let a = PackedRows::new(x, m, k);
     let out = Output {
         ptr: y.as_mut_ptr(),
@@ -71,7 +82,7 @@ pub fn matmul(x: &[f32], m: usize, k: usize, n: usize, w: &impl WeightPanels) ->
             j0,
             cols: NC.min(n - j0),
         };
-        task(&a, w, tile, &out, fused);
+        task(&a, w, tile, &out, isa);
     });
     y
 }
@@ -96,7 +107,7 @@ struct Output {
 unsafe impl Sync for Output {}
 
 /// Computes `tile` of `y` over the whole reduction, one `KC` block after another.
-fn task(a: &PackedRows, w: &impl WeightPanels, tile: Tile, out: &Output, fused: bool) {
+fn task(a: &PackedRows, w: &impl WeightPanels, tile: Tile, out: &Output, isa: Isa) {
     thread_local! {
         /// The task's expanded weight block, reused between tasks.
         static PANELS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -113,26 +124,20 @@ fn task(a: &PackedRows, w: &impl WeightPanels, tile: Tile, out: &Output, fused: 
                 let panel = &mut panels[c * KC * NR..][..kc * NR];
                 w.panel(k0, kc, tile.j0 + c * NR, cols, panel);
             }
-            for c in 0..col_panels {
-                let j = tile.j0 + c * NR;
-                let cols = NR.min(tile.cols - c * NR);
-                let panel = &panels[c * KC * NR..][..kc * NR];
-                for i in (tile.i0..tile.i0 + tile.rows).step_by(MR) {
-                    let rows = MR.min(tile.i0 + tile.rows - i);
-                    let block = kernel::Block {
-                        kc,
-                        a: a.panel(k0, i),
-                        b: panel,
-                        rows,
-                        cols,
-                        alpha: 1.0,
-                        first: k0 == 0,
-                    };
-                    // SAFETY: `y` holds m rows of n; rows `i..i + rows` and columns
-                    // `j..j + cols` lie inside this task's tile, which no other task writes.
-                    unsafe { kernel::run(&block, out.ptr.add(i * out.n + j), out.n, fused) };
-                }
-            }
+            let sweep = kernel::Sweep {
+                kc,
+                a: a.panels_from(k0, tile.i0),
+                a_step: kc * MR,
+                rows: tile.rows,
+                b: panels,
+                b_step: KC * NR,
+                cols: tile.cols,
+                alpha: 1.0,
+                first: k0 == 0,
+            };
+            // SAFETY: `y` holds m rows of n; rows `i0..i0 + rows` and columns `j0..j0 + cols`
+            // are this task's tile, which no other task writes; `isa` is this CPU's.
+            unsafe { kernel::sweep(&sweep, out.ptr.add(tile.i0 * out.n + tile.j0), out.n, isa) };
         }
     });
 }
@@ -175,10 +180,10 @@ impl PackedRows {
         Self { values, k, rows }
     }
 
-    /// The panel of rows `i..i + MR` in the reduction block starting at `k0`.
-    fn panel(&self, k0: usize, i: usize) -> &[f32] {
+    /// The panels of rows `i..` in the reduction block starting at `k0`, `kc * MR` apart.
+    fn panels_from(&self, k0: usize, i: usize) -> &[f32] {
         let kc = KC.min(self.k - k0);
-        &self.values[self.rows * k0 + i * kc..][..kc * MR]
+        &self.values[self.rows * k0 + i * kc..self.rows * (k0 + kc)]
     }
 }
 
@@ -225,19 +230,25 @@ pub(crate) mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(40))]
         /// The same bits as matrixmultiply for every shape: reductions of several 256-wide
-        /// blocks, row counts past one task's, remainders of the 6 x 16 block. Only on x86-64,
-        /// where both pick FMA kernels on the same CPUs.
+        /// blocks, row counts past one task's, remainders of the 6 x 16 and 12 x 32 blocks, with
+        /// every kernel this CPU runs (FMA ones: matrixmultiply picks FMA on the same CPUs).
         #[test]
         fn matches_matrixmultiply_bit_for_bit(
             m in prop_oneof![1usize..20, 250usize..530], k in 1usize..700, n in 1usize..150, seed in 0u32..1000,
         ) {
             let (x, w) = (values(m * k, seed), values(k * n, seed + 1));
-            let got = matmul(&x, m, k, n, &DenseWeight { w: &w, n });
-            if cfg!(target_arch = "x86_64") {
-                let want = sgemm(&x, &w, m, k, n);
+            let want = sgemm(&x, &w, m, k, n);
+            // Every kernel this CPU runs with fused multiply-adds, as matrixmultiply's.
+            for isa in Isa::supported().into_iter().filter(|i| *i >= Isa::Avx2Fma) {
+                let got = matmul_with(isa, &x, m, k, n, &DenseWeight { w: &w, n });
                 for (i, (g, e)) in got.iter().zip(&want).enumerate() {
-                    prop_assert_eq!(g.to_bits(), e.to_bits(), "element {}: {} vs {}", i, g, e);
+                    prop_assert_eq!(g.to_bits(), e.to_bits(), "{:?}, element {}: {} vs {}", isa, i, g, e);
                 }
+            }
+            // Without FMA: within rounding of it.
+            let got = matmul_with(Isa::Portable, &x, m, k, n, &DenseWeight { w: &w, n });
+            for (g, e) in got.iter().zip(&want) {
+                prop_assert!((g - e).abs() <= 1e-4 * (1.0 + e.abs()), "portable: {} vs {}", g, e);
             }
         }
     }

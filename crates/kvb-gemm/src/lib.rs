@@ -12,7 +12,8 @@
 //!   from any form ([`WeightPanels`]: f32 rows, packed quantized cells).
 //! - [`strided`]: a product on the calling thread over strided views, for attention tiles.
 //!
-//! No tensors, no burn: slices and a micro-kernel (6 x 16 with AVX2+FMA, portable elsewhere).
+//! No tensors, no burn: slices and a micro-kernel (6 x 16 with AVX2+FMA, 12 x 32 with AVX-512,
+//! portable elsewhere).
 
 pub mod blocked;
 mod kernel;
@@ -25,20 +26,60 @@ pub use kernel::{MR, NR};
 /// `archparam_defaults.rs`), so products here and there round alike.
 pub const KC: usize = 256;
 
-/// Whether products here use fused multiply-adds (AVX2 and FMA, detected once at run time), as
-/// matrixmultiply's FMA kernel does on the same CPU; elsewhere they round twice, as its other
-/// kernels do.
+/// The vector instructions this crate's kernels use, from the CPU's features (detected once at
+/// run time). All of them sum every output in the same order, so they give the same bits except
+/// [`Isa::Portable`], which rounds products and sums separately as non-FMA CPUs must.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Isa {
+    /// Plain loops, separate multiplies and adds.
+    Portable,
+    /// AVX2 with fused multiply-adds: 8 lanes.
+    Avx2Fma,
+    /// AVX-512F: 16 lanes, 32 registers (a 12 x 32 output block in registers).
+    Avx512,
+}
+
+impl Isa {
+    /// The widest set this CPU runs, capped by `KVB_CPU_ISA` (`avx2` or `portable`) so that one
+    /// machine can measure the narrower paths beside the wider one.
+    pub fn detect() -> Isa {
+        let cap = match std::env::var("KVB_CPU_ISA").as_deref() {
+            Ok("portable") => Isa::Portable,
+            Ok("avx2") => Isa::Avx2Fma,
+            _ => Isa::Avx512,
+        };
+        Isa::supported()
+            .into_iter()
+            .filter(|i| *i <= cap)
+            .max()
+            .unwrap_or(Isa::Portable)
+    }
+
+    /// Every set this CPU runs, narrowest first (tests compare them).
+    pub fn supported() -> Vec<Isa> {
+        let mut all = vec![Isa::Portable];
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx2") && has!("fma") {
+                all.push(Isa::Avx2Fma);
+                if has!("avx512f") {
+                    all.push(Isa::Avx512);
+                }
+            }
+        }
+        all
+    }
+}
+
+/// The set [`Isa::detect`] found, once per process, so that every product rounds alike.
+pub fn isa() -> Isa {
+    static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+    *ISA.get_or_init(Isa::detect)
+}
+
+/// Whether products here use fused multiply-adds (AVX2 and FMA, or wider), as matrixmultiply's
+/// FMA kernel does on the same CPU; elsewhere they round twice, as its other kernels do.
 pub fn has_fma() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static FMA: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *FMA.get_or_init(|| {
-            std::arch::is_x86_feature_detected!("fma")
-                && std::arch::is_x86_feature_detected!("avx2")
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    isa() >= Isa::Avx2Fma
 }

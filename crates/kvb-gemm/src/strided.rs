@@ -6,7 +6,7 @@
 //! so the strides cost one pass each; rounds as the crate doc says.
 
 use crate::kernel::{self, MR, NR};
-use crate::{has_fma, KC};
+use crate::KC;
 use std::cell::RefCell;
 
 /// A read-only matrix: element `(i, j)` at `ptr + i * row + j * col`.
@@ -59,6 +59,25 @@ pub unsafe fn product(
     c: &mut [f32],
     ldc: usize,
 ) {
+    // SAFETY: as the caller promised; `isa()` is this CPU's.
+    unsafe { product_with(crate::isa(), (m, k, n), alpha, a, b, output, c, ldc) }
+}
+
+/// [`product`] with the kernels of `isa`.
+///
+/// # Safety
+/// As for [`product`], and `isa` one of [`crate::Isa::supported`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn product_with(
+    isa: crate::Isa,
+    (m, k, n): (usize, usize, usize),
+    alpha: f32,
+    a: Strided,
+    b: Strided,
+    output: Output,
+    c: &mut [f32],
+    ldc: usize,
+) {
     assert!(
         m == 0 || n == 0 || (ldc >= n && c.len() >= (m - 1) * ldc + n),
         "strided::product: output size"
@@ -72,7 +91,6 @@ pub unsafe fn product(
         }
         return;
     }
-    let fused = has_fma();
     let (rows, cols) = (m.div_ceil(MR) * MR, n.div_ceil(NR) * NR);
     PANELS.with_borrow_mut(|(pa, pb)| {
         pa.resize(pa.len().max(rows * KC), 0.0);
@@ -84,23 +102,20 @@ pub unsafe fn product(
                 pack_rows(a, m, k0, kc, pa);
                 pack_columns(b, n, k0, kc, pb);
             }
-            for j in (0..n).step_by(NR) {
-                let b_panel = &pb[j * kc..][..kc * NR];
-                for i in (0..m).step_by(MR) {
-                    let block = kernel::Block {
-                        kc,
-                        a: &pa[i * kc..][..kc * MR],
-                        b: b_panel,
-                        rows: MR.min(m - i),
-                        cols: NR.min(n - j),
-                        alpha,
-                        first: k0 == 0 && output == Output::Overwrite,
-                    };
-                    // SAFETY: rows i.. and columns j.. of the block lie within c (checked
-                    // above), which this thread alone holds.
-                    unsafe { kernel::run(&block, c.as_mut_ptr().add(i * ldc + j), ldc, fused) };
-                }
-            }
+            let sweep = kernel::Sweep {
+                kc,
+                a: pa,
+                a_step: kc * MR,
+                rows: m,
+                b: pb,
+                b_step: kc * NR,
+                cols: n,
+                alpha,
+                first: k0 == 0 && output == Output::Overwrite,
+            };
+            // SAFETY: the m x n output lies within c (checked above), which this thread alone
+            // holds; `isa` is this CPU's.
+            unsafe { kernel::sweep(&sweep, c.as_mut_ptr(), ldc, isa) };
         }
     });
 }
@@ -183,11 +198,8 @@ mod tests {
                 Strided { ptr: w.as_ptr(), row: n as isize, col: 1 }
             };
             let a = Strided { ptr: x.as_ptr(), row: k as isize, col: 1 };
-            let mut got = start.clone();
             let output = if accumulate { Output::Accumulate } else { Output::Overwrite };
-            // SAFETY: the views address x [m, k] and w [k, n] exactly.
-            unsafe { product((m, k, n), alpha, a, b, output, &mut got, n) };
-            let mut want = start;
+            let mut want = start.clone();
             // SAFETY: as above; matrixmultiply's own call.
             unsafe {
                 matrixmultiply::sgemm(
@@ -195,9 +207,13 @@ mod tests {
                     if accumulate { 1.0 } else { 0.0 }, want.as_mut_ptr(), n as isize, 1,
                 )
             };
-            if cfg!(target_arch = "x86_64") {
+            // Every FMA kernel this CPU runs (matrixmultiply picks FMA on the same CPUs).
+            for isa in crate::Isa::supported().into_iter().filter(|i| *i >= crate::Isa::Avx2Fma) {
+                let mut got = start.clone();
+                // SAFETY: the views address x [m, k] and w [k, n] exactly; isa is supported.
+                unsafe { product_with(isa, (m, k, n), alpha, a, b, output, &mut got, n) };
                 for (i, (g, e)) in got.iter().zip(&want).enumerate() {
-                    prop_assert_eq!(g.to_bits(), e.to_bits(), "element {}: {} vs {}", i, g, e);
+                    prop_assert_eq!(g.to_bits(), e.to_bits(), "{:?}, element {}: {} vs {}", isa, i, g, e);
                 }
             }
         }

@@ -114,6 +114,8 @@ fn segment<M: DecodeMath>(
             &mut readers,
             |key, len, physical, readers| {
                 let keys = unsafe { pool.k.slots((kh, physical, len), d, &mut widened) };
+                // The value pass reads this block's values next.
+                pool.v.prefetch((kh, physical, len), d);
                 for &(_, r) in readers {
                     let visible = (rows[r].last + 1 - key).min(len);
                     let heads = Heads {
@@ -156,6 +158,13 @@ fn segment<M: DecodeMath>(
             &mut readers,
             |key, len, physical, readers| {
                 let values = unsafe { pool.v.slots((kh, physical, len), d, &mut widened) };
+                // The key pass of the next tile reads these readers' next keys.
+                let (next, first) = (key + TILE, &rows[readers[0].1]);
+                if next <= first.last {
+                    let slot = first.blocks[next / bs] as usize * bs + next % bs;
+                    pool.k
+                        .prefetch((kh, slot, len.min(first.last + 1 - next)), d);
+                }
                 for &(_, r) in readers {
                     let visible = (rows[r].last + 1 - key).min(len);
                     let p = &scores[r * group * TILE + key - t0..];

@@ -87,6 +87,31 @@ impl PoolView {
     }
 }
 
+impl PoolView {
+    /// Asks the CPU to start loading the same slots as [`PoolView::slots`] into cache. A block
+    /// of the pool is a few KiB on its own page, and the hardware prefetchers stop at page
+    /// boundaries: without this, the first lines of every block arrive at full memory latency.
+    /// A hint only: it never faults and changes no value.
+    #[inline]
+    pub fn prefetch(&self, (kh, slot, len): (usize, usize, usize), d: usize) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            let (start, bytes) = match self {
+                PoolView::F32(v) => (v.at([kh, slot, 0]) as *const i8, len * d * 4),
+                PoolView::F16(v) => (v.at([kh, slot, 0]) as *const i8, len * d * 2),
+            };
+            for line in (0..bytes).step_by(64) {
+                // SAFETY: a prefetch never faults, whatever the address; wrapping_add computes
+                // the address without asserting it lies in an allocation.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(line)) };
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (kh, slot, len, d);
+    }
+}
+
 /// `dst = src` widened to f32 (exact). With F16C, eight values per instruction in one loop:
 /// `half`'s slice conversion calls a function per eight values (its F16C code cannot be inlined
 /// into code built without the feature), which cost as much as the bytes f16 saves.

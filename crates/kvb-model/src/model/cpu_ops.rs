@@ -306,9 +306,8 @@ fn rows_of3(t: &Tensor<NdArray<f32>, 3>) -> Option<NdArrayTensor> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_values::{burn_matmul, spread};
+    use super::super::test_values::{burn_matmul, packed_matrix, spread};
     use super::*;
-    use crate::packed::CELL_ROWS;
     use proptest::prelude::*;
 
     proptest! {
@@ -339,47 +338,8 @@ mod tests {
             m in prop_oneof![1usize..9, 30usize..40, 250usize..270], blocks_per_row in 1usize..20, n in 1usize..200,
             format in 0usize..5, seed in 0u32..1000,
         ) {
-            use crate::gguf::GgmlType;
-            use crate::packed::BlockTensor;
-            // Q6_K rows are whole 256-weight blocks, read in 16-row cells.
-            let k = if format == 2 { blocks_per_row.div_ceil(8) * 256 } else { blocks_per_row * CELL_ROWS };
+            let (packed, k) = packed_matrix(format, blocks_per_row, n, seed);
             let val = |i: usize| spread(i, seed, 700.0);
-            let w: Vec<f32> = (0..n * k).map(|i| val(i + 7919)).collect();
-            let byte = |i: usize| ((i as u32).wrapping_mul(2246822519).wrapping_add(seed) >> 13) as u8;
-            let packed = match format {
-                0 => PackedMatrix::quantize_q8_0(&[(&w, n)], k).unwrap(),
-                // 16-bit floats: the f32 weights rounded.
-                3 | 4 => {
-                    let (ggml_type, bits): (GgmlType, fn(f32) -> [u8; 2]) = if format == 3 {
-                        (GgmlType::Bf16, |v| half::bf16::from_f32(v).to_le_bytes())
-                    } else {
-                        (GgmlType::F16, |v| half::f16::from_f32(v).to_le_bytes())
-                    };
-                    let bytes = w.iter().flat_map(|v| bits(*v)).collect();
-                    let t = BlockTensor { ggml_type, rows: n, cols: k, bytes };
-                    PackedMatrix::from_blocks(&[t]).unwrap()
-                }
-                1 => {
-                    // 4-bit values: a Q4_1 block per 32 weights of each output row.
-                    let mut bytes = Vec::new();
-                    for b in 0..n * k / CELL_ROWS {
-                        bytes.extend(half::f16::from_f32(0.01 + (b % 7) as f32 * 0.003).to_le_bytes());
-                        bytes.extend(half::f16::from_f32(-0.1).to_le_bytes());
-                        bytes.extend((0..16).map(|i| byte(b * 16 + i)));
-                    }
-                    let t = BlockTensor { ggml_type: GgmlType::Q4_1, rows: n, cols: k, bytes };
-                    PackedMatrix::from_blocks(&[t]).unwrap()
-                }
-                _ => {
-                    let mut bytes = Vec::new();
-                    for b in 0..n * k / 256 {
-                        bytes.extend((0..208).map(|i| byte(b * 208 + i)));
-                        bytes.extend(half::f16::from_f32(0.001 + (b % 5) as f32 * 0.0003).to_le_bytes());
-                    }
-                    let t = BlockTensor { ggml_type: GgmlType::Q6_K, rows: n, cols: k, bytes };
-                    PackedMatrix::from_blocks(&[t]).unwrap()
-                }
-            };
             let x: Vec<f32> = (0..m * k).map(val).collect();
             let dev = Default::default();
             let xt = Tensor::<NdArray<f32>, 2>::from_data(TensorData::new(x, [m, k]), &dev);

@@ -17,3 +17,66 @@ pub fn burn_matmul(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f3
     let w = Tensor::<Cpu, 2>::from_data(TensorData::new(w.to_vec(), [k, n]), &dev);
     x.matmul(w).into_data().to_vec::<f32>().expect("f32 values")
 }
+
+/// A packed `[k, n]` weight of one of five formats (0: Q8_0, 1: Q4_1, 2: Q6_K, 3: bf16,
+/// 4: f16) with deterministic values, and its `k`: `blocks_per_row` cells of 32 rows (Q6_K:
+/// whole 256-weight blocks, read in 16-row cells).
+pub fn packed_matrix(
+    format: usize,
+    blocks_per_row: usize,
+    n: usize,
+    seed: u32,
+) -> (crate::packed::PackedMatrix, usize) {
+    use crate::gguf::GgmlType;
+    use crate::packed::{BlockTensor, PackedMatrix, CELL_ROWS};
+    let k = if format == 2 {
+        blocks_per_row.div_ceil(8) * 256
+    } else {
+        blocks_per_row * CELL_ROWS
+    };
+    let w: Vec<f32> = (0..n * k).map(|i| spread(i + 7919, seed, 700.0)).collect();
+    let byte = |i: usize| ((i as u32).wrapping_mul(2246822519).wrapping_add(seed) >> 13) as u8;
+    let blocks = |ggml_type, bytes| {
+        PackedMatrix::from_blocks(&[BlockTensor {
+            ggml_type,
+            rows: n,
+            cols: k,
+            bytes,
+        }])
+    };
+    let packed = match format {
+        0 => PackedMatrix::quantize_q8_0(&[(&w, n)], k),
+        // 16-bit floats: the f32 weights rounded.
+        3 => blocks(
+            GgmlType::Bf16,
+            w.iter()
+                .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+                .collect(),
+        ),
+        4 => blocks(
+            GgmlType::F16,
+            w.iter()
+                .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+                .collect(),
+        ),
+        1 => {
+            // 4-bit values: a Q4_1 block per 32 weights of each output row.
+            let mut bytes = Vec::new();
+            for b in 0..n * k / CELL_ROWS {
+                bytes.extend(half::f16::from_f32(0.01 + (b % 7) as f32 * 0.003).to_le_bytes());
+                bytes.extend(half::f16::from_f32(-0.1).to_le_bytes());
+                bytes.extend((0..16).map(|i| byte(b * 16 + i)));
+            }
+            blocks(GgmlType::Q4_1, bytes)
+        }
+        _ => {
+            let mut bytes = Vec::new();
+            for b in 0..n * k / 256 {
+                bytes.extend((0..208).map(|i| byte(b * 208 + i)));
+                bytes.extend(half::f16::from_f32(0.001 + (b % 5) as f32 * 0.0003).to_le_bytes());
+            }
+            blocks(GgmlType::Q6_K, bytes)
+        }
+    };
+    (packed.expect("a well-formed packed matrix"), k)
+}

@@ -57,6 +57,40 @@ pub(super) fn group(
     }
 }
 
+/// Whether [`pair`] runs its 16-lane kernel here (AVX-512F).
+pub(super) fn pairs_vectorised(values: CellValues) -> bool {
+    values.vectorised() && kvb_gemm::isa() == kvb_gemm::Isa::Avx512
+}
+
+/// [`group`] for two adjacent groups at once: group `i`'s columns go to lanes `8 i..8 i + 8`
+/// of each output row. Only where [`pairs_vectorised`] holds.
+pub(super) fn pair(
+    values: CellValues,
+    cell_rows: usize,
+    cells: [&[u8]; 2],
+    out: &mut [f32],
+    stride: usize,
+) {
+    let cell_bytes = values.cell_bytes(cell_rows);
+    let rows = cells[0].len() / cell_bytes * cell_rows;
+    assert!(
+        pairs_vectorised(values)
+            && cells[0].len() == cells[1].len()
+            && (rows == 0 || out.len() >= (rows - 1) * stride + 2 * GROUP),
+        "dequant::pair: operands"
+    );
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the CPU has AVX-512F (checked above); both runs hold whole cells of equal count
+    // and `out` holds `rows` rows of `stride` with 16 lanes each (asserted).
+    unsafe {
+        for c in 0..cells[0].len() / cell_bytes {
+            let at = out.as_mut_ptr().add(c * cell_rows * stride);
+            let cell = |i: usize| cells[i][c * cell_bytes..].as_ptr();
+            avx512::cell_pair(values, cell_rows, [cell(0), cell(1)], at, stride);
+        }
+    }
+}
+
 fn portable(values: CellValues, rows: usize, cell: &[u8], out: &mut [f32], stride: usize) {
     for r in 0..rows {
         let row = &mut out[r * stride..r * stride + GROUP];
@@ -130,6 +164,87 @@ pub(crate) mod avx2 {
                 }
             }
             CellValues::Bf16 | CellValues::F16 => unreachable!("16-bit cells returned above"),
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{CellValues, GROUP};
+    use std::arch::x86_64::*;
+
+    /// Two 8-value halves at `a` and `b` (f32) as one register.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn join(a: *const u8, b: *const u8) -> __m512 {
+        _mm512_insertf32x8::<1>(
+            _mm512_castps256_ps512(_mm256_loadu_ps(a as *const f32)),
+            _mm256_loadu_ps(b as *const f32),
+        )
+    }
+
+    /// 8 bytes at `a` and 8 at `b`, as one 16-byte register.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn bytes16(a: *const u8, b: *const u8) -> __m128i {
+        _mm_unpacklo_epi64(
+            _mm_loadl_epi64(a as *const __m128i),
+            _mm_loadl_epi64(b as *const __m128i),
+        )
+    }
+
+    /// The same cell of two groups: row r's 16 values (8 of each) at `out + r * stride`, each
+    /// lane computed as [`super::avx2::cell`] computes it.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn cell_pair(
+        values: CellValues,
+        rows: usize,
+        cells: [*const u8; 2],
+        out: *mut f32,
+        stride: usize,
+    ) {
+        let head = values.head_bytes();
+        let [a, b] = cells;
+        if let CellValues::Bf16 | CellValues::F16 = values {
+            for r in 0..rows {
+                let at = head + r * GROUP * 2;
+                let raw = _mm256_inserti128_si256::<1>(
+                    _mm256_castsi128_si256(_mm_loadu_si128(a.add(at) as *const __m128i)),
+                    _mm_loadu_si128(b.add(at) as *const __m128i),
+                );
+                let w = match values {
+                    CellValues::F16 => _mm512_cvtph_ps(raw),
+                    // bf16 is the top half of an f32.
+                    _ => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(raw))),
+                };
+                _mm512_storeu_ps(out.add(r * stride), w);
+            }
+            return;
+        }
+        let scale = join(a, b);
+        let offset = join(a.add(GROUP * 4), b.add(GROUP * 4));
+        if values == CellValues::Nibbles {
+            let low = _mm512_set1_epi32(0x0f);
+            for r in 0..rows / 2 {
+                let at = head + r * GROUP;
+                let q = _mm512_cvtepu8_epi32(bytes16(a.add(at), b.add(at)));
+                let lo = _mm512_cvtepi32_ps(_mm512_and_si512(q, low));
+                let hi = _mm512_cvtepi32_ps(_mm512_srli_epi32::<4>(q));
+                _mm512_storeu_ps(out.add(2 * r * stride), _mm512_fmadd_ps(scale, lo, offset));
+                _mm512_storeu_ps(
+                    out.add((2 * r + 1) * stride),
+                    _mm512_fmadd_ps(scale, hi, offset),
+                );
+            }
+        } else {
+            for r in 0..rows {
+                let at = head + r * GROUP;
+                let q = _mm512_cvtepi8_epi32(bytes16(a.add(at), b.add(at)));
+                _mm512_storeu_ps(
+                    out.add(r * stride),
+                    _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(q), offset),
+                );
+            }
         }
     }
 }
