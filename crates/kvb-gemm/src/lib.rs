@@ -46,7 +46,15 @@ impl Isa {
         let cap = match std::env::var("KVB_CPU_ISA").as_deref() {
             Ok("portable") => Isa::Portable,
             Ok("avx2") => Isa::Avx2Fma,
-            _ => Isa::Avx512,
+            Ok("avx512") | Err(_) => Isa::Avx512,
+            Ok(other) => {
+                // Read once per process, where no caller can take an error: say it and go on
+                // with what the CPU has, rather than run a path the user did not ask for silently.
+                eprintln!(
+                    "kvb: KVB_CPU_ISA={other:?} is not one of portable, avx2, avx512; ignoring it"
+                );
+                Isa::Avx512
+            }
         };
         Isa::supported()
             .into_iter()

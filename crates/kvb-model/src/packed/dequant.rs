@@ -169,14 +169,14 @@ pub(crate) mod avx2 {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+pub(crate) mod avx512 {
     use super::{CellValues, GROUP};
     use std::arch::x86_64::*;
 
     /// Two 8-value halves at `a` and `b` (f32) as one register.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn join(a: *const u8, b: *const u8) -> __m512 {
+    pub(crate) unsafe fn join(a: *const u8, b: *const u8) -> __m512 {
         _mm512_insertf32x8::<1>(
             _mm512_castps256_ps512(_mm256_loadu_ps(a as *const f32)),
             _mm256_loadu_ps(b as *const f32),
@@ -186,11 +186,26 @@ mod avx512 {
     /// 8 bytes at `a` and 8 at `b`, as one 16-byte register.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn bytes16(a: *const u8, b: *const u8) -> __m128i {
+    pub(crate) unsafe fn bytes16(a: *const u8, b: *const u8) -> __m128i {
         _mm_unpacklo_epi64(
             _mm_loadl_epi64(a as *const __m128i),
             _mm_loadl_epi64(b as *const __m128i),
         )
+    }
+
+    /// The 8 16-bit floats (bf16 or f16) at `a` and the 8 at `b`, widened to f32 (exactly).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn widen_pair(values: CellValues, a: *const u8, b: *const u8) -> __m512 {
+        let raw = _mm256_inserti128_si256::<1>(
+            _mm256_castsi128_si256(_mm_loadu_si128(a as *const __m128i)),
+            _mm_loadu_si128(b as *const __m128i),
+        );
+        match values {
+            CellValues::F16 => _mm512_cvtph_ps(raw),
+            // bf16 is the top half of an f32.
+            _ => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(raw))),
+        }
     }
 
     /// The same cell of two groups: row r's 16 values (8 of each) at `out + r * stride`, each
@@ -208,16 +223,10 @@ mod avx512 {
         if let CellValues::Bf16 | CellValues::F16 = values {
             for r in 0..rows {
                 let at = head + r * GROUP * 2;
-                let raw = _mm256_inserti128_si256::<1>(
-                    _mm256_castsi128_si256(_mm_loadu_si128(a.add(at) as *const __m128i)),
-                    _mm_loadu_si128(b.add(at) as *const __m128i),
+                _mm512_storeu_ps(
+                    out.add(r * stride),
+                    widen_pair(values, a.add(at), b.add(at)),
                 );
-                let w = match values {
-                    CellValues::F16 => _mm512_cvtph_ps(raw),
-                    // bf16 is the top half of an f32.
-                    _ => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(raw))),
-                };
-                _mm512_storeu_ps(out.add(r * stride), w);
             }
             return;
         }

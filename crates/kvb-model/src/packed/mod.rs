@@ -31,6 +31,8 @@ mod dequant;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) use dequant::avx2::widen_floats;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use dequant::avx512::{bytes16, join, widen_pair};
 
 use crate::error::{ModelError, Result};
 use crate::gguf::blocks::{self, Coded};

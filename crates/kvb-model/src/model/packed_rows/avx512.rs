@@ -4,6 +4,7 @@
 //! computes what [`super::avx2`] computes for its column, in the same order: the same bits.
 
 use super::*;
+use crate::packed::{bytes16, join, widen_pair};
 use std::arch::x86_64::*;
 
 /// Columns `j0..j0 + cols` (`j0` a multiple of 8) of `y` into `tile` (`[m, cols]`), in sets of
@@ -72,41 +73,6 @@ struct Args {
     /// `[R, stride]`: row r's pair i at `out + r * stride + 16 i`.
     out: *mut f32,
     stride: usize,
-}
-
-/// Two 8-value halves, from `a` and `b`, as one 16-lane register of f32.
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn join(a: *const u8, b: *const u8) -> __m512 {
-    _mm512_insertf32x8::<1>(
-        _mm512_castps256_ps512(_mm256_loadu_ps(a as *const f32)),
-        _mm256_loadu_ps(b as *const f32),
-    )
-}
-
-/// 8 bytes at `a` and 8 at `b` as one 16-byte register.
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn bytes16(a: *const u8, b: *const u8) -> __m128i {
-    _mm_unpacklo_epi64(
-        _mm_loadl_epi64(a as *const __m128i),
-        _mm_loadl_epi64(b as *const __m128i),
-    )
-}
-
-/// The 8 16-bit floats (bf16 or f16) at `a` and the 8 at `b`, widened to f32 (exactly).
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn widen_pair(values: CellValues, a: *const u8, b: *const u8) -> __m512 {
-    let raw = _mm256_inserti128_si256::<1>(
-        _mm256_castsi128_si256(_mm_loadu_si128(a as *const __m128i)),
-        _mm_loadu_si128(b as *const __m128i),
-    );
-    match values {
-        CellValues::F16 => _mm512_cvtph_ps(raw),
-        // bf16 is the top half of an f32.
-        _ => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(raw))),
-    }
 }
 
 /// Rows `0..R` of x against `P` pairs of groups: per reduction row, each pair's 16 weights are
