@@ -33,6 +33,8 @@ mod dequant;
 pub(crate) use dequant::avx2::widen_floats;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use dequant::avx512::{bytes16, join, widen_pair};
+#[cfg(target_arch = "x86_64")]
+pub(crate) use dequant::{prefetch_cell, AHEAD};
 
 use crate::error::{ModelError, Result};
 use crate::gguf::blocks::{self, Coded};

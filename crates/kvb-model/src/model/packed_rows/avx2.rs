@@ -1,79 +1,28 @@
 //! The 8-lane kernel (AVX2, FMA, F16C): one group of 8 columns per register.
 
 use super::*;
+use crate::packed::{prefetch_cell, AHEAD};
 use std::arch::x86_64::*;
 
-/// Columns `j0..j0 + cols` (`j0` a multiple of 8) of `y` into `tile` (`[m, cols]`), groups of
-/// columns 4 or 2 at a time (independent accumulator chains), the last ones one at a time.
+/// [`run_groups`] for `m` rows (1 to 7) and `groups` groups (1, 2 or 4), as
+/// [`super::columns`] chose them.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn columns(
-    x: &[f32],
-    m: usize,
-    w: &PackedMatrix,
-    j0: usize,
-    cols: usize,
-    tile: &mut [f32],
-) {
-    let (g0, g1) = (j0 / GROUP, (j0 + cols).div_ceil(GROUP));
-    let mut g = g0;
-    while g < g1 {
-        let left = g1 - g;
-        let run = match (m, left) {
-            (1 | 2, 4..) => 4,
-            (_, 2..) => 2,
-            _ => 1,
+pub(super) unsafe fn run_set(m: usize, groups: usize, set: &Set) {
+    macro_rules! by_shape {
+        ($($rows:literal: [$($g:literal),*]),*) => {
+            match (m, groups) {
+                $($(($rows, $g) => run_groups::<$rows, $g>(set),)*)*
+                _ => unreachable!("no 8-lane kernel for {m} rows by {groups} groups"),
+            }
         };
-        // Accumulate into a full-width scratch row per group set, then copy the lanes that
-        // exist (the last group of an odd width is padded).
-        let mut out = [0f32; MAX_ROWS * 4 * GROUP];
-        let args = Args {
-            x: x.as_ptr(),
-            k: w.k(),
-            values: w.cell_values(),
-            cell_rows: w.cell_rows(),
-            cells: [0, 1, 2, 3].map(|i| w.group_cells((g + i).min(g1 - 1)).as_ptr()),
-            out: out.as_mut_ptr(),
-            stride: run * GROUP,
-        };
-        match (m, run) {
-            (1, 4) => run_groups::<1, 4>(&args),
-            (2, 4) => run_groups::<2, 4>(&args),
-            (1, 2) => run_groups::<1, 2>(&args),
-            (2, 2) => run_groups::<2, 2>(&args),
-            (3, 2) => run_groups::<3, 2>(&args),
-            (4, 2) => run_groups::<4, 2>(&args),
-            (1, _) => run_groups::<1, 1>(&args),
-            (2, _) => run_groups::<2, 1>(&args),
-            (3, _) => run_groups::<3, 1>(&args),
-            _ => run_groups::<4, 1>(&args),
-        }
-        let first = (g - g0) * GROUP;
-        let width = (run * GROUP).min(cols - first);
-        for r in 0..m {
-            tile[r * cols + first..r * cols + first + width]
-                .copy_from_slice(&out[r * run * GROUP..r * run * GROUP + width]);
-        }
-        g += run;
     }
-}
-
-/// What [`run_groups`] reads and writes.
-struct Args {
-    x: *const f32,
-    k: usize,
-    values: CellValues,
-    cell_rows: usize,
-    /// The first cell of each group of the set (only the first `G` are read).
-    cells: [*const u8; 4],
-    /// `[R, stride]`: row r's group i at `out + r * stride + 8 i`.
-    out: *mut f32,
-    stride: usize,
+    by_shape!(1: [1, 2, 4], 2: [1, 2, 4], 3: [1, 2], 4: [1, 2], 5: [1], 6: [1], 7: [1])
 }
 
 /// Rows `0..R` of x against `G` groups: per reduction row, each group's 8 weights are
 /// widened, converted and scaled once and multiplied into the R rows' accumulators.
 #[inline(always)]
-unsafe fn run_groups<const R: usize, const G: usize>(a: &Args) {
+unsafe fn run_groups<const R: usize, const G: usize>(a: &Set) {
     let rows = a.cell_rows;
     let cell_bytes = a.values.cell_bytes(rows);
     let cells = a.k / rows;
@@ -82,7 +31,10 @@ unsafe fn run_groups<const R: usize, const G: usize>(a: &Args) {
     let low = _mm256_set1_epi32(0x0f);
     for c in 0..cells {
         let head: [*const u8; G] = std::array::from_fn(|i| a.cells[i].add(c * cell_bytes));
-        let xrow = |r: usize, i: usize| _mm256_broadcast_ss(&*a.x.add(r * a.k + c * rows + i));
+        for h in head {
+            prefetch_cell(h.wrapping_add(AHEAD * cell_bytes), cell_bytes);
+        }
+        let xrow = |r: usize, i: usize| _mm256_broadcast_ss(&*a.x.add((c * rows + i) * R + r));
         // Each group's 8 scales and offsets, for integer cells.
         let scales = || -> ([__m256; G], [__m256; G]) {
             (

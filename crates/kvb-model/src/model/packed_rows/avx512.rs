@@ -4,82 +4,32 @@
 //! computes what [`super::avx2`] computes for its column, in the same order: the same bits.
 
 use super::*;
-use crate::packed::{bytes16, join, widen_pair};
+use crate::packed::{bytes16, join, prefetch_cell, widen_pair, AHEAD};
 use std::arch::x86_64::*;
 
-/// Columns `j0..j0 + cols` (`j0` a multiple of 8) of `y` into `tile` (`[m, cols]`), in sets of
-/// up to 4 pairs of groups (independent accumulator chains); an odd last group is paired with
-/// itself and only its own lanes kept.
+/// [`run_pairs`] for `m` rows (1 to 16) and `pairs` pairs (1, 2 or 4), as [`super::columns`]
+/// chose them.
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn columns(
-    x: &[f32],
-    m: usize,
-    w: &PackedMatrix,
-    j0: usize,
-    cols: usize,
-    tile: &mut [f32],
-) {
-    let (g0, g1) = (j0 / GROUP, (j0 + cols).div_ceil(GROUP));
-    let mut g = g0;
-    while g < g1 {
-        let pairs_left = (g1 - g).div_ceil(2);
-        let pairs = match (m, pairs_left) {
-            (1 | 2, 4..) => 4,
-            (_, 2..) => 2,
-            _ => 1,
+pub(super) unsafe fn run_set(m: usize, pairs: usize, set: &Set) {
+    macro_rules! by_shape {
+        ($($rows:literal: [$($p:literal),*]),*) => {
+            match (m, pairs) {
+                $($(($rows, $p) => run_pairs::<$rows, $p>(set),)*)*
+                _ => unreachable!("no 16-lane kernel for {m} rows by {pairs} pairs"),
+            }
         };
-        let mut out = [0f32; MAX_ROWS * 8 * GROUP];
-        let group = |i: usize| w.group_cells((g + i).min(g1 - 1)).as_ptr();
-        let args = Args {
-            x: x.as_ptr(),
-            k: w.k(),
-            values: w.cell_values(),
-            cell_rows: w.cell_rows(),
-            cells: std::array::from_fn(group),
-            out: out.as_mut_ptr(),
-            stride: pairs * 2 * GROUP,
-        };
-        match (m, pairs) {
-            (1, 4) => run_pairs::<1, 4>(&args),
-            (2, 4) => run_pairs::<2, 4>(&args),
-            (1, 2) => run_pairs::<1, 2>(&args),
-            (2, 2) => run_pairs::<2, 2>(&args),
-            (3, 2) => run_pairs::<3, 2>(&args),
-            (4, 2) => run_pairs::<4, 2>(&args),
-            (1, _) => run_pairs::<1, 1>(&args),
-            (2, _) => run_pairs::<2, 1>(&args),
-            (3, _) => run_pairs::<3, 1>(&args),
-            _ => run_pairs::<4, 1>(&args),
-        }
-        let first = (g - g0) * GROUP;
-        let width = (pairs * 2 * GROUP).min(cols - first);
-        let stride = pairs * 2 * GROUP;
-        for r in 0..m {
-            tile[r * cols + first..r * cols + first + width]
-                .copy_from_slice(&out[r * stride..r * stride + width]);
-        }
-        g += pairs * 2;
     }
-}
-
-/// What [`run_pairs`] reads and writes.
-struct Args {
-    x: *const f32,
-    k: usize,
-    values: CellValues,
-    cell_rows: usize,
-    /// The first cell of each group of the set (only the first `2 P` are read).
-    cells: [*const u8; 8],
-    /// `[R, stride]`: row r's pair i at `out + r * stride + 16 i`.
-    out: *mut f32,
-    stride: usize,
+    by_shape!(
+        1: [1, 2, 4], 2: [1, 2, 4], 3: [1, 2], 4: [1, 2], 5: [1, 2], 6: [1, 2], 7: [1, 2],
+        8: [1, 2], 9: [1], 10: [1], 11: [1], 12: [1], 13: [1], 14: [1], 15: [1], 16: [1]
+    )
 }
 
 /// Rows `0..R` of x against `P` pairs of groups: per reduction row, each pair's 16 weights are
 /// widened, converted and scaled once and multiplied into the R rows' accumulators.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn run_pairs<const R: usize, const P: usize>(a: &Args) {
+unsafe fn run_pairs<const R: usize, const P: usize>(a: &Set) {
     let rows = a.cell_rows;
     let cell_bytes = a.values.cell_bytes(rows);
     let cells = a.k / rows;
@@ -94,7 +44,10 @@ unsafe fn run_pairs<const R: usize, const P: usize>(a: &Args) {
                 a.cells[2 * i + 1].add(c * cell_bytes),
             ];
         }
-        let xrow = |r: usize, i: usize| *a.x.add(r * a.k + c * rows + i);
+        for h in head.iter().flatten() {
+            prefetch_cell(h.wrapping_add(AHEAD * cell_bytes), cell_bytes);
+        }
+        let xrow = |r: usize, i: usize| *a.x.add((c * rows + i) * R + r);
         match a.values {
             CellValues::Nibbles | CellValues::Bytes => {
                 let mut scale = [_mm512_setzero_ps(); P];

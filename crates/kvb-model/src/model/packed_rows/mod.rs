@@ -1,4 +1,4 @@
-//! Products of a few rows (a decode step: 1 to 4) by a packed weight, dequantizing in
+//! Products of a few rows (a decode step of up to 16 sequences) by a packed weight, dequantizing in
 //! registers: each weight is loaded once at its stored size, widened, converted and scaled in
 //! a vector register, and multiplied into every row's accumulators, never written back out as
 //! f32. (Expanding a task's columns into a scratch first, as [`kvb_gemm`] does for many
@@ -17,11 +17,8 @@ use super::few_rows::{in_column_ranges, KC};
 use crate::packed::widen_floats;
 use crate::packed::{CellValues, PackedMatrix, GROUP, HEAD_BYTES};
 
-/// At most this many rows take the fused kernel.
-pub const MAX_ROWS: usize = 4;
-
-/// `y [m, n] = x [m, k] · w`, or `None` where the CPU lacks AVX2 and FMA or `m` is above
-/// [`MAX_ROWS`] (the caller then takes the general path).
+/// `y [m, n] = x [m, k] · w`, or `None` where the CPU lacks AVX2 and FMA or `m` is above what
+/// its kernel takes ([`Kernel::max_rows`]; the caller then takes the general path).
 pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix) -> Option<Vec<f32>> {
     matmul_with(kvb_gemm::isa(), x, m, w)
 }
@@ -30,31 +27,26 @@ pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix) -> Option<Vec<f32>> {
 fn matmul_with(isa: kvb_gemm::Isa, x: &[f32], m: usize, w: &PackedMatrix) -> Option<Vec<f32>> {
     #[cfg(target_arch = "x86_64")]
     {
-        let fits =
-            (1..=MAX_ROWS).contains(&m) && KC.is_multiple_of(w.cell_rows()) && x.len() >= m * w.k();
-        if !fits || isa < kvb_gemm::Isa::Avx2Fma || !w.cell_values().vectorised() {
+        let kernel = Kernel::of(isa)?;
+        let fits = (1..=kernel.max_rows()).contains(&m)
+            && KC.is_multiple_of(w.cell_rows())
+            && x.len() >= m * w.k();
+        if !fits || !w.cell_values().vectorised() {
             return None;
         }
-        let wide = isa == kvb_gemm::Isa::Avx512;
-        // Several tasks per thread so that uneven cores even out, whole groups each (whole
-        // pairs of groups for the 16-lane kernel).
-        let unit = if wide { 2 * GROUP } else { GROUP };
+        // Several tasks per thread so that uneven cores even out, whole units of columns each.
+        let unit = kernel.unit_groups() * GROUP;
         let tasks = 4 * rayon::current_num_threads();
         let per_task = w.n().div_ceil(unit).div_ceil(tasks).max(1);
+        let x = by_reduction_row(x, m, w.k());
         Some(in_column_ranges(
             m,
             w.n(),
             per_task * unit,
             |j0, cols, tile| {
-                // SAFETY: AVX-512F, or AVX2, FMA and F16C, are present (checked above); `x` holds
-                // m rows of k; the tile holds m rows of `cols` (see `columns`).
-                unsafe {
-                    if wide {
-                        avx512::columns(x, m, w, j0, cols, tile)
-                    } else {
-                        avx2::columns(x, m, w, j0, cols, tile)
-                    }
-                }
+                // SAFETY: the kernel's instructions are present (`isa` is this CPU's); `x` holds k
+                // reduction rows of m values; the tile holds m rows of `cols`.
+                unsafe { columns(kernel, &x, m, w, j0, cols, tile) }
             },
         ))
     }
@@ -65,24 +57,157 @@ fn matmul_with(isa: kvb_gemm::Isa, x: &[f32], m: usize, w: &PackedMatrix) -> Opt
     }
 }
 
+/// The two kernels, by register width.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+enum Kernel {
+    /// AVX2, FMA and F16C: one group of 8 columns per register, 16 registers.
+    Lanes8,
+    /// AVX-512F: two groups side by side per register, 32 registers.
+    Lanes16,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Kernel {
+    /// `isa`'s kernel (none without AVX2 and FMA).
+    fn of(isa: kvb_gemm::Isa) -> Option<Kernel> {
+        match isa {
+            kvb_gemm::Isa::Avx512 => Some(Kernel::Lanes16),
+            kvb_gemm::Isa::Avx2Fma => Some(Kernel::Lanes8),
+            kvb_gemm::Isa::Portable => None,
+        }
+    }
+
+    /// The most rows the kernel takes: up to here dequantizing in registers costs less than
+    /// expanding the weight into the blocked GEMM's panels (measured on Zen 5 with
+    /// `model_speed`'s batched steps, and with the 8-lane kernel capped by `KVB_CPU_ISA`; the
+    /// 8-lane kernel spills its registers at 8 rows).
+    fn max_rows(self) -> usize {
+        match self {
+            Kernel::Lanes8 => 7,
+            Kernel::Lanes16 => 16,
+        }
+    }
+
+    /// Groups of 8 columns per register.
+    fn unit_groups(self) -> usize {
+        match self {
+            Kernel::Lanes8 => 1,
+            Kernel::Lanes16 => 2,
+        }
+    }
+
+    /// The most units (registers of columns) one pass over `m` rows takes: each takes `m`
+    /// accumulators, and they must fit in the registers beside the weights, scales and offsets.
+    fn most_units(self, m: usize) -> usize {
+        match (self, m) {
+            (_, 1 | 2) => 4,
+            (Kernel::Lanes8, 3 | 4) | (Kernel::Lanes16, 3..=8) => 2,
+            _ => 1,
+        }
+    }
+}
+
+/// Values of one set's scratch output: `[m, units x lanes]`, at most 256 (16 accumulators).
+const SET_VALUES: usize = 256;
+
+/// One pass of a kernel: rows `0..R` of x against a set of units of columns.
+struct Set {
+    /// x as `[k, R]`: reduction row by reduction row, the rows' values side by side, so that
+    /// the kernel reads them at fixed offsets from one moving pointer.
+    x: *const f32,
+    k: usize,
+    values: CellValues,
+    cell_rows: usize,
+    /// The first cell of each group of the set (only the set's own are read).
+    cells: [*const u8; 8],
+    /// `[R, stride]`: row r's unit i at `out + r * stride + lanes * i`.
+    out: *mut f32,
+    stride: usize,
+}
+
+/// Columns `j0..j0 + cols` (`j0` a multiple of 8) of `y` into `tile` (`[m, cols]`) from `x`
+/// laid out as `[k, m]`, in sets of up to 4 units (independent accumulator chains): the fewer
+/// the rows, the more units share one pass over them. An odd last group is read twice (as its
+/// own pair, or as the padding of a set) and only its own lanes kept.
+///
+/// # Safety
+/// The CPU has `kernel`'s instructions; `x` holds `k * m` values; `tile` holds `m * cols`.
+#[cfg(target_arch = "x86_64")]
+unsafe fn columns(
+    kernel: Kernel,
+    x: &[f32],
+    m: usize,
+    w: &PackedMatrix,
+    j0: usize,
+    cols: usize,
+    tile: &mut [f32],
+) {
+    let (g0, g1) = (j0 / GROUP, (j0 + cols).div_ceil(GROUP));
+    let unit_groups = kernel.unit_groups();
+    let most = kernel.most_units(m);
+    let mut g = g0;
+    while g < g1 {
+        let left = (g1 - g).div_ceil(unit_groups);
+        let units = [4, 2, 1]
+            .into_iter()
+            .find(|&u| u <= most && u <= left)
+            .unwrap_or(1);
+        let stride = units * unit_groups * GROUP;
+        let mut out = [0f32; SET_VALUES];
+        let set = Set {
+            x: x.as_ptr(),
+            k: w.k(),
+            values: w.cell_values(),
+            cell_rows: w.cell_rows(),
+            cells: std::array::from_fn(|i| w.group_cells((g + i).min(g1 - 1)).as_ptr()),
+            out: out.as_mut_ptr(),
+            stride,
+        };
+        match kernel {
+            Kernel::Lanes8 => avx2::run_set(m, units, &set),
+            Kernel::Lanes16 => avx512::run_set(m, units, &set),
+        }
+        let first = (g - g0) * GROUP;
+        let width = stride.min(cols - first);
+        for r in 0..m {
+            tile[r * cols + first..r * cols + first + width]
+                .copy_from_slice(&out[r * stride..r * stride + width]);
+        }
+        g += units * unit_groups;
+    }
+}
+
+/// `x [rows, k]` (row-major) as `[k, rows]`.
+#[cfg(target_arch = "x86_64")]
+fn by_reduction_row(x: &[f32], rows: usize, k: usize) -> Vec<f32> {
+    let mut out = vec![0f32; rows * k];
+    for (r, row) in x.chunks_exact(k).take(rows).enumerate() {
+        for (i, v) in row.iter().enumerate() {
+            out[i * rows + r] = *v;
+        }
+    }
+    out
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 
-#[cfg(test)]
+#[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::super::test_values::{packed_matrix, spread};
     use super::*;
     use proptest::prelude::*;
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(32))]
+        #![proptest_config(ProptestConfig::with_cases(64))]
         /// Every kernel this CPU runs gives the bits of the f32 product over the expanded
         /// weight, for every format, row count and width (odd group counts included).
         #[test]
         fn each_kernel_gives_the_f32_products_bits(
-            m in 1usize..=MAX_ROWS, blocks_per_row in 1usize..20, n in 1usize..300,
+            m in 1usize..=16, blocks_per_row in 1usize..20, n in 1usize..300,
             format in 0usize..5, seed in 0u32..1000,
         ) {
             let (packed, k) = packed_matrix(format, blocks_per_row, n, seed);
@@ -90,7 +215,8 @@ mod tests {
             let want = super::super::few_rows::matmul(&x, &packed.to_dense(), m, k, n);
             for isa in kvb_gemm::Isa::supported() {
                 let Some(got) = matmul_with(isa, &x, m, &packed) else {
-                    prop_assert!(isa < kvb_gemm::Isa::Avx2Fma, "{:?} declined", isa);
+                    let takes = Kernel::of(isa).map_or(0, Kernel::max_rows);
+                    prop_assert!(m > takes, "{:?} declined {} rows", isa, m);
                     continue;
                 };
                 for (i, (g, e)) in got.iter().zip(&want).enumerate() {
