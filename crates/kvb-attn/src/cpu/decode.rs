@@ -198,6 +198,8 @@ pub(crate) fn decode_attention(
     let segments = max_tiles.div_ceil(per_segment);
     #[cfg(target_arch = "x86_64")]
     let avx2 = d % 8 == 0 && kvb_gemm::has_fma();
+    #[cfg(target_arch = "x86_64")]
+    let avx512 = d % 16 == 0 && kvb_gemm::isa() == kvb_gemm::Isa::Avx512;
     let tasks: Vec<(usize, usize)> = (0..kv_heads)
         .flat_map(|kh| (0..segments).map(move |s| (kh, s)))
         .collect();
@@ -206,6 +208,10 @@ pub(crate) fn decode_attention(
         .map(|&(kh, s)| {
             let tiles = s * per_segment..((s + 1) * per_segment).min(max_tiles);
             let shape = (kh, group, d);
+            #[cfg(target_arch = "x86_64")]
+            if avx512 {
+                return segment::<super::decode_math::Avx512>(q, pool, rows, shape, tiles, scale);
+            }
             #[cfg(target_arch = "x86_64")]
             if avx2 {
                 return segment::<super::decode_math::Avx2>(q, pool, rows, shape, tiles, scale);
