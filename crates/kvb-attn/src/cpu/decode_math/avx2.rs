@@ -1,6 +1,7 @@
 //! The AVX2 and FMA version of the decode arithmetic.
 
-use super::{in_threes, reduce, three, tile_max, Avx2, DecodeMath};
+use super::{reduce, scores_in_threes, sums_in_threes, tile_max, Avx2, DecodeMath};
+use super::{ScoresKernels, SumsKernels};
 use crate::fastmath::fast_exp;
 use std::arch::x86_64::*;
 
@@ -246,20 +247,10 @@ impl DecodeMath for Avx2 {
         n: usize,
     ) {
         debug_assert!(d.is_multiple_of(8) && keys.len() >= n * d);
-        in_threes(q.count, |g, heads| {
-            let qs = three(q.ptr, q.stride, g, heads);
-            let outs = three(out.as_mut_ptr(), out_stride as isize, g, heads).map(|o| o.cast_mut());
-            // SAFETY: AVX2/FMA present and d % 8 == 0 (see `decode_attention`); queries,
-            // keys and outputs lie within what the caller passed (asserted above and by
-            // `out_stride`, `n`).
-            unsafe {
-                match heads {
-                    1 => scores3::<1>(qs, keys, d, scale, outs, n),
-                    2 => scores3::<2>(qs, keys, d, scale, outs, n),
-                    _ => scores3::<3>(qs, keys, d, scale, outs, n),
-                }
-            }
-        });
+        let kernels: ScoresKernels = [scores3::<1>, scores3::<2>, scores3::<3>];
+        // SAFETY: AVX2/FMA present and d % 8 == 0 (see `decode_attention`); queries, keys
+        // and outputs lie within what the caller passed (asserted above and by `out_stride`, `n`).
+        unsafe { scores_in_threes(kernels, q, keys, d, scale, out, out_stride, n) }
     }
 
     fn accumulate_group(
@@ -273,18 +264,9 @@ impl DecodeMath for Avx2 {
         n: usize,
     ) {
         debug_assert!(d.is_multiple_of(8) && values.len() >= n * d);
-        in_threes(heads, |g, count| {
-            let accs = three(acc.as_mut_ptr(), acc_stride as isize, g, count).map(|a| a.cast_mut());
-            let ps = three(p.as_ptr(), p_stride as isize, g, count);
-            // SAFETY: as above; head `h`'s accumulator and weights lie at `h * stride`.
-            unsafe {
-                match count {
-                    1 => accumulate3::<1>(accs, ps, values, d, n),
-                    2 => accumulate3::<2>(accs, ps, values, d, n),
-                    _ => accumulate3::<3>(accs, ps, values, d, n),
-                }
-            }
-        });
+        let kernels: SumsKernels = [accumulate3::<1>, accumulate3::<2>, accumulate3::<3>];
+        // SAFETY: as above; head `h`'s accumulator and weights lie at `h * stride`.
+        unsafe { sums_in_threes(kernels, acc, acc_stride, p, p_stride, heads, values, d, n) }
     }
 
     #[inline(always)]

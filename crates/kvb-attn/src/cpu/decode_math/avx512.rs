@@ -8,7 +8,8 @@
 //!   order, exactly as in 8-lane registers.
 
 use super::avx2::{reduce4, scores3 as scores3_avx2};
-use super::{in_threes, three, Avx2, Avx512, DecodeMath};
+use super::{scores_in_threes, sums_in_threes, Avx2, Avx512, DecodeMath};
+use super::{ScoresKernels, SumsKernels};
 use std::arch::x86_64::*;
 
 /// 8 f32 at `a` in lanes 0-7 and 8 at `b` in lanes 8-15 (inserted as 4 f64s: an AVX-512F
@@ -144,19 +145,10 @@ impl DecodeMath for Avx512 {
         n: usize,
     ) {
         debug_assert!(d.is_multiple_of(16) && keys.len() >= n * d);
-        in_threes(q.count, |g, heads| {
-            let qs = three(q.ptr, q.stride, g, heads);
-            let outs = three(out.as_mut_ptr(), out_stride as isize, g, heads).map(|o| o.cast_mut());
-            // SAFETY: AVX-512F (and AVX2/FMA) present and d % 16 == 0 (see
-            // `decode_attention`); queries, keys and outputs lie within what the caller passed.
-            unsafe {
-                match heads {
-                    1 => scores3::<1>(qs, keys, d, scale, outs, n),
-                    2 => scores3::<2>(qs, keys, d, scale, outs, n),
-                    _ => scores3::<3>(qs, keys, d, scale, outs, n),
-                }
-            }
-        });
+        let kernels: ScoresKernels = [scores3::<1>, scores3::<2>, scores3::<3>];
+        // SAFETY: AVX-512F (and AVX2/FMA) present and d % 16 == 0 (see `decode_attention`); queries, keys
+        // and outputs lie within what the caller passed (asserted above and by `out_stride`, `n`).
+        unsafe { scores_in_threes(kernels, q, keys, d, scale, out, out_stride, n) }
     }
 
     fn accumulate_group(
@@ -170,18 +162,9 @@ impl DecodeMath for Avx512 {
         n: usize,
     ) {
         debug_assert!(d.is_multiple_of(16) && values.len() >= n * d);
-        in_threes(heads, |g, count| {
-            let accs = three(acc.as_mut_ptr(), acc_stride as isize, g, count).map(|a| a.cast_mut());
-            let ps = three(p.as_ptr(), p_stride as isize, g, count);
-            // SAFETY: as above; head `h`'s accumulator and weights lie at `h * stride`.
-            unsafe {
-                match count {
-                    1 => accumulate3::<1>(accs, ps, values, d, n),
-                    2 => accumulate3::<2>(accs, ps, values, d, n),
-                    _ => accumulate3::<3>(accs, ps, values, d, n),
-                }
-            }
-        });
+        let kernels: SumsKernels = [accumulate3::<1>, accumulate3::<2>, accumulate3::<3>];
+        // SAFETY: as above; head `h`'s accumulator and weights lie at `h * stride`.
+        unsafe { sums_in_threes(kernels, acc, acc_stride, p, p_stride, heads, values, d, n) }
     }
 
     fn scores(q: &[f32], keys: &[f32], d: usize, scale: f32, out: &mut [f32]) {

@@ -120,8 +120,64 @@ fn tile_exp_sum(scores: &mut [f32], max: f32) -> f32 {
     reduce(lanes)
 }
 
-/// Calls `each(first, count)` for runs of at most 3 of `heads` heads: the vector kernels keep
-/// 3 heads' accumulators in registers.
+/// A vector kernel's scores for 1 to 3 heads (one entry per count): queries, keys, `d`, scale,
+/// outputs, keys scored. Three heads' accumulators fit in the registers.
+#[cfg(target_arch = "x86_64")]
+type ScoresKernels = [unsafe fn([*const f32; 3], &[f32], usize, f32, [*mut f32; 3], usize); 3];
+
+/// A vector kernel's value sums for 1 to 3 heads: accumulators, weights, values, `d`, rows.
+#[cfg(target_arch = "x86_64")]
+type SumsKernels = [unsafe fn([*mut f32; 3], [*const f32; 3], &[f32], usize, usize); 3];
+
+/// [`DecodeMath::scores_group`] through `kernels`, 3 heads at a time.
+///
+/// # Safety
+/// The CPU runs `kernels`, which accept `d`; queries, keys and outputs lie within what the
+/// arguments describe.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn scores_in_threes(
+    kernels: ScoresKernels,
+    q: Heads,
+    keys: &[f32],
+    d: usize,
+    scale: f32,
+    out: &mut [f32],
+    out_stride: usize,
+    n: usize,
+) {
+    in_threes(q.count, |g, count| {
+        let qs = three(q.ptr, q.stride, g, count);
+        let outs = three(out.as_mut_ptr(), out_stride as isize, g, count).map(|o| o.cast_mut());
+        kernels[count - 1](qs, keys, d, scale, outs, n);
+    });
+}
+
+/// [`DecodeMath::accumulate_group`] through `kernels`, 3 heads at a time.
+///
+/// # Safety
+/// As [`scores_in_threes`]; head `h`'s accumulator and weights lie at `h * stride`.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn sums_in_threes(
+    kernels: SumsKernels,
+    acc: &mut [f32],
+    acc_stride: usize,
+    p: &[f32],
+    p_stride: usize,
+    heads: usize,
+    values: &[f32],
+    d: usize,
+    n: usize,
+) {
+    in_threes(heads, |g, count| {
+        let accs = three(acc.as_mut_ptr(), acc_stride as isize, g, count).map(|a| a.cast_mut());
+        let ps = three(p.as_ptr(), p_stride as isize, g, count);
+        kernels[count - 1](accs, ps, values, d, n);
+    });
+}
+
+/// Calls `each(first, count)` for runs of at most 3 of `heads` heads.
 #[cfg(target_arch = "x86_64")]
 fn in_threes(heads: usize, mut each: impl FnMut(usize, usize)) {
     let mut g = 0;
@@ -308,6 +364,8 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn the_avx512_kernels_give_the_avx2_bits() {
+        // Without AVX-512 the 16-lane kernels never run (`decode_attention` picks them only
+        // where the CPU has it), so there is nothing to compare.
         if kvb_gemm::isa() != kvb_gemm::Isa::Avx512 {
             eprintln!("no AVX-512 here: nothing to compare");
             return;
