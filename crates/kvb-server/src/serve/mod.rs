@@ -22,6 +22,7 @@ use crate::commands::generate::ModelArgs;
 use crate::model_arg;
 use anyhow::Context;
 use app::{AppState, ServedEngine, Settings};
+use axum::serve::ListenerExt;
 use clap::Args;
 use kvb_model::{ChatMessage, ModelBackend};
 use std::sync::atomic::Ordering;
@@ -186,6 +187,14 @@ async fn serve(
     eprintln!("kvb serve: listening on http://{addr} (model `{name}`)");
     let signalled = Arc::new(tokio::sync::Notify::new());
     let (closing, notify) = (app.clone(), signalled.clone());
+    // Streamed answers are one small write per token: with Nagle's algorithm on, each write
+    // after the first waits for the client's (delayed) ACK of the one before, tens of
+    // milliseconds per token on loopback.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::warn!("could not turn off Nagle's algorithm on a connection: {e}");
+        }
+    });
     let server = axum::serve(listener, app::router(app)).with_graceful_shutdown(async move {
         crate::stop_signal::stop_signal().await;
         closing.closing.store(true, Ordering::Release);
