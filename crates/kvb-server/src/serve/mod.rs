@@ -187,9 +187,9 @@ async fn serve(
     eprintln!("kvb serve: listening on http://{addr} (model `{name}`)");
     let signalled = Arc::new(tokio::sync::Notify::new());
     let (closing, notify) = (app.clone(), signalled.clone());
-    // Streamed answers are one small write per token: with Nagle's algorithm on, each write
-    // after the first waits for the client's (delayed) ACK of the one before, tens of
-    // milliseconds per token on loopback.
+    // Streamed answers are one small write per token: with Nagle's algorithm on, a write can
+    // wait for the client's delayed ACK of the one before (up to tens of milliseconds per token
+    // over a network; loopback ACKs at once, so local tests do not show it).
     let listener = listener.tap_io(|tcp| {
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::warn!("could not turn off Nagle's algorithm on a connection: {e}");
