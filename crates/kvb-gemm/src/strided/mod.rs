@@ -9,6 +9,9 @@ use crate::kernel::{self, MR, NR};
 use crate::KC;
 use std::cell::RefCell;
 
+#[cfg(target_arch = "x86_64")]
+mod pack_avx2;
+
 /// A read-only matrix: element `(i, j)` at `ptr + i * row + j * col`.
 #[derive(Clone, Copy, Debug)]
 pub struct Strided {
@@ -99,8 +102,8 @@ unsafe fn product_with(
             let kc = KC.min(k - k0);
             // SAFETY: the caller guarantees the operands' extents.
             unsafe {
-                pack_rows(a, m, k0, kc, pa);
-                pack_columns(b, n, k0, kc, pb);
+                pack_rows(isa, a, m, k0, kc, pa);
+                pack_columns(isa, b, n, k0, kc, pb);
             }
             let sweep = kernel::Sweep {
                 kc,
@@ -123,11 +126,19 @@ unsafe fn product_with(
 /// Rows of `a` into `[kc, MR]` panels (panel of row `i` from `i * kc`), rows past `m` zero.
 ///
 /// # Safety
-/// As for [`product`].
-unsafe fn pack_rows(a: Strided, m: usize, k0: usize, kc: usize, out: &mut [f32]) {
+/// As for [`product`], and `isa` this CPU's.
+unsafe fn pack_rows(isa: crate::Isa, a: Strided, m: usize, k0: usize, kc: usize, out: &mut [f32]) {
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = isa;
     for i0 in (0..m).step_by(MR) {
         let panel = &mut out[i0 * kc..][..kc * MR];
         let valid = MR.min(m - i0);
+        #[cfg(target_arch = "x86_64")]
+        if valid == MR && a.col == 1 && isa >= crate::Isa::Avx2Fma {
+            // SAFETY: as the caller promised; AVX2 is present.
+            unsafe { pack_avx2::rows_panel(a, i0, k0, kc, panel) };
+            continue;
+        }
         if valid < MR {
             panel.fill(0.0);
         }
@@ -144,8 +155,23 @@ unsafe fn pack_rows(a: Strided, m: usize, k0: usize, kc: usize, out: &mut [f32])
 /// keep stale values, whose results are never stored.
 ///
 /// # Safety
-/// As for [`product`].
-unsafe fn pack_columns(b: Strided, n: usize, k0: usize, kc: usize, out: &mut [f32]) {
+/// As for [`product`], and `isa` this CPU's.
+unsafe fn pack_columns(
+    isa: crate::Isa,
+    b: Strided,
+    n: usize,
+    k0: usize,
+    kc: usize,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if b.row == 1 && isa >= crate::Isa::Avx2Fma {
+        // SAFETY: as the caller promised; AVX2 is present.
+        unsafe { pack_avx2::transposed_columns(b, n, k0, kc, out) };
+        return;
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = isa;
     for j0 in (0..n).step_by(NR) {
         let panel = &mut out[j0 * kc..][..kc * NR];
         let valid = NR.min(n - j0);
