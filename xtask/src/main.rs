@@ -25,18 +25,20 @@ commands:
                 and the README's results section. Options: --quick (a smoke run, < 5 min),
                 --reps N (default 3), --model PATH (a tiny model gets cut-down workloads), --out DIR
   bench concurrency  only the concurrency workload: 1, 4 and 16 clients (8-turn chats behind one
-                ~1,000-token system prompt) at once; output tokens/s, TTFT, pool memory
+                ~1,000-token system prompt) at once; output tokens/s, TTFT, pool memory.
+                Options: --reps N, --model PATH, --out DIR, --activations q8
   bench server  `kvb serve` on loopback under 1, 16 and 64 concurrent chat clients (4 turns behind
                 one system prompt, streamed over HTTP): TTFT p50/p99, tokens/s, errors; tables and
                 plots in bench/results/<date>-server/. Options: --quick, --clients 1,16,64,
-                --turns N, --max-tokens N, --time-limit S, --model PATH, --out DIR
+                --turns N, --max-tokens N, --time-limit S, --model PATH, --out DIR,
+                --activations q8
   bench soak    `kvb serve` under steady mixed load (chat turns, completions, warms, dropped
                 streams, malformed bodies) for a bounded time: no request may fail, resident
                 memory may grow < 5% after warm-up, the pool must return to its resident cache.
                 Options: --duration S (600), --clients N (8), --max-tokens N, --model PATH, --out DIR
   bench fidelity  moved documents (7 documents x start/middle/end, warmed alone or inside another
                 prompt) through `kvb verify` per repair setting (none, selective, CacheBlend 5-50%,
-                adaptive thresholds) beside the noise floor (KIVI int8/int4 K/V, bf16 forward):
+                adaptive thresholds) beside the noise floor (KIVI int8/int4 K/V, bf16 forward, q8 activations):
                 teacher-forced top-1, KL, identical answers, share recomputed; in
                 bench/results/<date>-fidelity/ (table, plots). Options: --max-new-tokens N (32),
                 --only a,b, --no-run (report from the JSON lines already there), --model PATH, --out DIR

@@ -2,7 +2,7 @@
 //! [`GenerateOptions::default`]); the command line reads its defaults from them.
 
 use kvb_model::generate::SamplingParams;
-use kvb_model::{Model, ModelBackend, PoolPrecision, WeightPrecision};
+use kvb_model::{ActivationPrecision, Model, ModelBackend, PoolPrecision, WeightPrecision};
 use kvb_quant::{Bits, QuantConfig};
 use kvb_repair::RecomputeStrategy;
 use kvb_store::{EvictionPolicy, KvFormat, RemoteConfig};
@@ -191,6 +191,8 @@ pub struct EngineConfig {
     pub strict: bool,
     /// The precision the model's weights are held in.
     pub weights: WeightPrecision,
+    /// How the model's products quantize their input rows (`Q8`: faster, slightly lossy).
+    pub activations: ActivationPrecision,
     /// Token slots per block of the K/V pool (a power of two).
     pub block_size: usize,
     /// The element type of the K/V pool.
@@ -239,6 +241,7 @@ impl Default for EngineConfig {
             sink_tokens: 0,
             strict: true,
             weights: WeightPrecision::Auto,
+            activations: ActivationPrecision::F32,
             block_size: 32,
             pool_dtype: PoolDtype::Auto,
             max_pool_bytes: None,

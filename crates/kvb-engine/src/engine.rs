@@ -14,7 +14,8 @@ use kvb_chunk::{boundary_tokens, ChunkConfig, ChunkStrategy};
 use kvb_hash::Namespace;
 use kvb_model::generate::{eos_ids, Continuation, GenerateParams, StreamEvent};
 use kvb_model::{
-    load_pretrained, KvPool, LoadOptions, Model, ModelBackend, PoolPrecision, Tokenizer,
+    load_pretrained, ActivationPrecision, KvPool, LoadOptions, Model, ModelBackend, PoolPrecision,
+    Tokenizer,
 };
 use kvb_store::{ChunkStore, DiskConfig, KvFormat, StoreConfig, StoreStats};
 use std::path::Path;
@@ -68,6 +69,7 @@ impl<B: ModelBackend> Engine<B> {
             LoadOptions {
                 strict: config.strict,
                 weights: config.weights,
+                activations: config.activations,
             },
             device,
             &mut |_, _| {},
@@ -103,12 +105,17 @@ impl<B: ModelBackend> Engine<B> {
         // The pool's precision decides the K/V every sequence computes (attention reads it back),
         // so two precisions never share a key.
         let precision = config.pool_dtype.resolve(&model);
-        let namespace = Namespace::builder()
+        let mut namespace = Namespace::builder()
             .model_fingerprint(fingerprint)
             .dtype(precision.as_str())
             .chunking(&chunking.describe())
-            .extra("kv_precision", config.kv_precision.as_str())
-            .build();
+            .extra("kv_precision", config.kv_precision.as_str());
+        // 8-bit activations compute other K/V than the f32 products (f32 keeps the namespace it
+        // always had, so caches written before this setting existed stay valid).
+        if model.activation_precision() != ActivationPrecision::F32 {
+            namespace = namespace.extra("activations", &model.activation_precision().to_string());
+        }
+        let namespace = namespace.build();
         let store = ChunkStore::new(StoreConfig {
             max_ram_bytes: config.max_cache_bytes,
             eviction: config.eviction,

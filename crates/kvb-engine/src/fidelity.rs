@@ -9,14 +9,15 @@
 //!
 //! The *noise floor* runs the same measures on the same prompts for changes of precision people
 //! accept every day ([`NoiseFloor`]): the prompt's K/V read back from the chunk store at KIVI int8
-//! and int4, and a bf16 forward pass (weights and activations rounded to bf16,
-//! [`kvb_model::ComputePrecision::Bf16`]).
+//! and int4, a bf16 forward pass (weights and activations rounded to bf16,
+//! [`kvb_model::ComputePrecision::Bf16`]), and for integer weights the products with 8-bit
+//! activations that llama.cpp computes ([`kvb_model::ActivationPrecision::Q8`]).
 
 use crate::config::{EngineConfig, GenerateOptions, GenerationMode, KvPrecision};
 use crate::result::GenerationResult;
 use crate::{Engine, EngineError};
 use kvb_model::generate::argmax;
-use kvb_model::ModelBackend;
+use kvb_model::{ActivationPrecision, ModelBackend};
 
 /// Softmax of logits in f64.
 fn softmax(logits: &[f32]) -> Vec<f64> {
@@ -83,6 +84,9 @@ pub enum Compared {
     StoredKv(KvPrecision),
     /// Noise floor: a bf16 forward pass.
     Bf16Forward,
+    /// Noise floor: products with 8-bit activations, as llama.cpp computes on a quantized
+    /// model (`--activations q8`).
+    Q8Activations,
 }
 
 impl std::fmt::Display for Compared {
@@ -91,6 +95,7 @@ impl std::fmt::Display for Compared {
             Compared::Reuse => f.write_str("reuse"),
             Compared::StoredKv(p) => write!(f, "K/V stored {p}"),
             Compared::Bf16Forward => f.write_str("bf16 forward"),
+            Compared::Q8Activations => f.write_str("q8 activations"),
         }
     }
 }
@@ -378,11 +383,15 @@ impl<B: ModelBackend> Engine<B> {
 
 /// Engines over the same weights that run the changes of precision a fidelity check sets reuse
 /// beside: the prompt's K/V stored at KIVI int8 and int4 and read back (an exact prefix hit from
-/// the chunk store), and a bf16 forward pass. Each has its own empty cache (RAM only) and the
+/// the chunk store), a bf16 forward pass, and, for a model with integer weights, products with
+/// 8-bit activations (llama.cpp's arithmetic). Each has its own empty cache (RAM only) and the
 /// engine's other settings.
 pub struct NoiseFloor<B: ModelBackend> {
     stored: Vec<(KvPrecision, Engine<B>)>,
-    bf16: Engine<B>,
+    /// Where the engine's products run in f32 (a bf16 forward is a change of their f32).
+    bf16: Option<Engine<B>>,
+    /// Where the weights are integers and the engine's products run in f32.
+    q8: Option<Engine<B>>,
 }
 
 impl<B: ModelBackend> NoiseFloor<B> {
@@ -401,12 +410,26 @@ impl<B: ModelBackend> NoiseFloor<B> {
             .into_iter()
             .map(|p| Ok((p, engine.sibling(config(p))?)))
             .collect::<Result<Vec<_>, EngineError>>()?;
-        let bf16 = engine.variant(
-            engine.model().with_bf16_compute()?,
-            "bf16-compute",
-            config(KvPrecision::F32),
-        )?;
-        Ok(NoiseFloor { stored, bf16 })
+        let f32_products = engine.model().activation_precision() == ActivationPrecision::F32;
+        let bf16 = if f32_products {
+            Some(engine.variant(
+                engine.model().with_bf16_compute()?,
+                "bf16-compute",
+                config(KvPrecision::F32),
+            )?)
+        } else {
+            None
+        };
+        let q8 = if f32_products && engine.model().has_quantized_weights() {
+            let model = engine
+                .model()
+                .clone()
+                .with_activations(ActivationPrecision::Q8)?;
+            Some(engine.variant(model, "q8-activations", config(KvPrecision::F32))?)
+        } else {
+            None
+        };
+        Ok(NoiseFloor { stored, bf16, q8 })
     }
 
     /// The noise floor's comparisons for `reference` (computed by its Baseline engine).
@@ -420,11 +443,20 @@ impl<B: ModelBackend> NoiseFloor<B> {
                 Compared::StoredKv(*precision),
             )?);
         }
-        out.push(self.bf16.compare_with(
-            reference,
-            GenerationMode::Baseline,
-            Compared::Bf16Forward,
-        )?);
+        if let Some(bf16) = &self.bf16 {
+            out.push(bf16.compare_with(
+                reference,
+                GenerationMode::Baseline,
+                Compared::Bf16Forward,
+            )?);
+        }
+        if let Some(q8) = &self.q8 {
+            out.push(q8.compare_with(
+                reference,
+                GenerationMode::Baseline,
+                Compared::Q8Activations,
+            )?);
+        }
         Ok(out)
     }
 }

@@ -7,9 +7,10 @@ mod common;
 
 use common::{around, config, engine, opts, prompt, same_bits, FAMILIES};
 use kvb_engine::{
-    compare_positions, Compared, FidelityReport, GenerateOptions, GenerationMode, KvPrecision,
-    NoiseFloor, RecomputeStrategy,
+    compare_positions, Compared, EngineConfig, FidelityReport, GenerateOptions, GenerationMode,
+    KvPrecision, NoiseFloor, RecomputeStrategy,
 };
+use kvb_model::{ActivationPrecision, WeightPrecision};
 use proptest::prelude::*;
 
 /// Feeding Baseline's own answer reproduces its logits bit for bit at every position, and
@@ -175,8 +176,61 @@ fn the_noise_floor_orders_its_precisions() {
         "{int8:?} {int4:?}"
     );
     assert!(bf16.mean_kl > 0.0, "{bf16:?}");
+    // f32 weights: no 8-bit activation row (it needs integer weights).
+    assert!(report.summary(Compared::Q8Activations).is_none());
     // The engine measured keeps its own cache: nothing of the floor's runs reached it.
     assert_eq!(e.cache_stats().ram_chunks, 0);
+}
+
+/// With integer weights the floor also runs the products with 8-bit activations: they move the
+/// distributions (it ran) and reuse nothing. An engine already on 8-bit activations gets
+/// neither that row (it would compare a model with itself) nor a bf16 forward (a change of f32
+/// products), only its stored K/V.
+#[test]
+fn the_noise_floor_has_q8_activations_for_integer_weights() {
+    let weights = WeightPrecision::Q8_0;
+    let e = engine(
+        "llama",
+        EngineConfig {
+            weights,
+            ..config()
+        },
+    );
+    let floor = NoiseFloor::new(&e).unwrap();
+    let rows = (0..3)
+        .map(|seed| {
+            floor
+                .compare(&e.reference(&prompt(seed, 37), 8).unwrap())
+                .unwrap()
+        })
+        .collect();
+    let report = FidelityReport::new(rows);
+    let q8 = report.summary(Compared::Q8Activations).unwrap();
+    eprintln!("{q8:?}");
+    assert_eq!(q8.prompts, 3);
+    assert_eq!(q8.reuse_ratio, 0.0);
+    assert!(q8.mean_kl > 0.0 && q8.mean_kl < 0.05, "{q8:?}");
+
+    let already = engine(
+        "llama",
+        EngineConfig {
+            weights,
+            activations: ActivationPrecision::Q8,
+            ..config()
+        },
+    );
+    let floor = NoiseFloor::new(&already).unwrap();
+    let row = floor
+        .compare(&already.reference(&prompt(9, 37), 8).unwrap())
+        .unwrap();
+    let kinds: Vec<Compared> = row.iter().map(|r| r.compared).collect();
+    assert_eq!(
+        kinds,
+        [
+            Compared::StoredKv(KvPrecision::Int8),
+            Compared::StoredKv(KvPrecision::Int4)
+        ]
+    );
 }
 
 proptest! {

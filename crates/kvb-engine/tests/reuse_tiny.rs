@@ -13,18 +13,24 @@ use kvb_engine::{
     Engine, EngineConfig, EngineError, GenerationMode, KvPrecision, PoolDtype, RecomputeStrategy,
 };
 use kvb_model::backends::Cpu;
-use kvb_model::PoolPrecision;
+use kvb_model::{ActivationPrecision, PoolPrecision, WeightPrecision};
 
 #[test]
 fn prefix_reuse_is_bit_identical_to_baseline_on_every_family() {
     // Resident: hits come from the pool's blocks (a block matched in part is copied). Not
     // resident: every hit reads the chunk store. An f16 pool rounds every K/V it holds, Baseline's
     // too, so reuse stays exact within it (the store keeps its values as f16).
-    for (keep_resident, pool_dtype) in [
-        (true, PoolDtype::F32),
-        (false, PoolDtype::F32),
-        (true, PoolDtype::F16),
-        (false, PoolDtype::F16),
+    // 8-bit activations (`--weights q8_0 --activations q8`) compute other K/V than f32, but
+    // their products are as batch- and chunk-invariant, so reuse stays exact within them.
+    let q8 = (WeightPrecision::Q8_0, ActivationPrecision::Q8);
+    let f32 = (WeightPrecision::Auto, ActivationPrecision::F32);
+    for (keep_resident, pool_dtype, (weights, activations)) in [
+        (true, PoolDtype::F32, f32),
+        (false, PoolDtype::F32, f32),
+        (true, PoolDtype::F16, f32),
+        (false, PoolDtype::F16, f32),
+        (true, PoolDtype::F32, q8),
+        (false, PoolDtype::F16, q8),
     ] {
         for family in FAMILIES {
             let e = engine(
@@ -32,6 +38,8 @@ fn prefix_reuse_is_bit_identical_to_baseline_on_every_family() {
                 EngineConfig {
                     keep_resident,
                     pool_dtype,
+                    weights,
+                    activations,
                     ..config()
                 },
             );
@@ -50,7 +58,8 @@ fn prefix_reuse_is_bit_identical_to_baseline_on_every_family() {
                     .generate_tokens(&p, &opts(GenerationMode::ChunkReuse, 12), &mut |_| {})
                     .unwrap();
                 let what = format!(
-                    "{family}, {pool_dtype} pool, resident {keep_resident}, {shared} shared"
+                    "{family}, {pool_dtype} pool, {activations} activations, resident \
+                     {keep_resident}, {shared} shared"
                 );
                 assert!(
                     reuse.cached_tokens >= shared,
@@ -382,6 +391,26 @@ fn warm_stores_in_context_chunks_and_keys_never_mix_settings() {
     assert_eq!(e.pool_precision(), PoolPrecision::F32);
     assert_eq!(half.pool_precision(), PoolPrecision::F16);
     assert_ne!(e.namespace().id(), half.namespace().id());
+    // 8-bit activations: other K/V, other keys (beside the q8_0 weights' own).
+    let weights = WeightPrecision::Q8_0;
+    let q8_weights = engine(
+        "llama",
+        EngineConfig {
+            weights,
+            ..config()
+        },
+    );
+    let q8 = engine(
+        "llama",
+        EngineConfig {
+            weights,
+            activations: ActivationPrecision::Q8,
+            ..config()
+        },
+    );
+    assert_eq!(q8.model().activation_precision(), ActivationPrecision::Q8);
+    assert_ne!(q8_weights.namespace().id(), q8.namespace().id());
+    assert_ne!(e.namespace().id(), q8_weights.namespace().id());
     assert_eq!(
         2 * half.paged_stats().block_bytes,
         e.paged_stats().block_bytes

@@ -11,6 +11,7 @@
 //! | weights from safetensors (single or sharded; f32/f16/bf16) | [`weights`] |
 //! | weights, config and tokenizer from GGUF (F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K) | [`gguf`] |
 //! | weights kept packed in their stored precision (every GGUF quantized type), `--weights` | [`packed`], [`WeightPrecision`] |
+//! | products with 8-bit activations, as llama.cpp computes (`--activations q8`, CPU) | `model::int8`, [`ActivationPrecision`] |
 //! | tokenizer and chat templates | [`tokenizer`] |
 //! | RoPE at arbitrary positions, re-rotation of cached keys | [`rope`] |
 //! | the transformer and its forward pass over ragged batches | [`model`] |
@@ -29,6 +30,10 @@
 //!   logits as run alone, bit for bit on the CPU (`tests/batched.rs`);
 //! - weights kept packed compute the bits their f32 expansion computes (`tests/packed_weights.rs`,
 //!   and SmolLM2's GGUF against its converted folder in `tests/golden_smollm2.rs`);
+//! - with 8-bit activations, a row's result does not depend on the rows beside it (vector and
+//!   portable kernels give the same bits, `model::int8`'s tests; batches in `tests/batched.rs`),
+//!   and rounding the activations moves the logits no more than it moves llama.cpp's
+//!   (`tests/q8_activations.rs`);
 //! - an f16 pool gives back exactly what was written, rounded to nearest even, and attention over
 //!   it equals attention over those values widened to f32, bit for bit ([`kv_pool`]'s tests,
 //!   kvb-attn's `paged_matches_naive.rs`);
@@ -70,8 +75,8 @@ pub use host_read::to_host_f32;
 pub use kv_cache::KvCache;
 pub use kv_pool::KvPool;
 pub use model::{
-    ComputePrecision, ForwardBatch, HostKv, LogitsFor, Model, ModelBackend, SeqRows,
-    WeightPrecision,
+    ActivationPrecision, ComputePrecision, ForwardBatch, HostKv, LogitsFor, Model, ModelBackend,
+    SeqRows, WeightPrecision,
 };
 pub use pool_precision::PoolPrecision;
 pub use pretrained::{

@@ -3,7 +3,7 @@
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufModel;
-use crate::model::{Model, ModelBackend, WeightPrecision};
+use crate::model::{ActivationPrecision, Model, ModelBackend, WeightPrecision};
 use crate::tokenizer::Tokenizer;
 use crate::weights::SafetensorsDir;
 use std::path::{Path, PathBuf};
@@ -24,6 +24,8 @@ pub struct LoadOptions {
     pub strict: bool,
     /// The precision weights are held in (default: as stored).
     pub weights: WeightPrecision,
+    /// How products quantize their input rows (default: f32, the exact products).
+    pub activations: ActivationPrecision,
 }
 
 impl Default for LoadOptions {
@@ -31,6 +33,7 @@ impl Default for LoadOptions {
         LoadOptions {
             strict: true,
             weights: WeightPrecision::Auto,
+            activations: ActivationPrecision::F32,
         }
     }
 }
@@ -112,6 +115,7 @@ pub fn load_pretrained<B: ModelBackend>(
             )
         }
     };
+    let model = model.with_activations(options.activations)?;
     Ok(Pretrained {
         model,
         tokenizer,

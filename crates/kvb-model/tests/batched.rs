@@ -7,24 +7,33 @@ mod common;
 use burn::tensor::Tensor;
 use common::{random_model_dir, tiny_llama_config, B};
 use kvb_model::generate::argmax;
-use kvb_model::{load_pretrained, ForwardBatch, KvPool, LoadOptions, LogitsFor, Model, SeqRows};
+use kvb_model::{
+    load_pretrained, ActivationPrecision, ForwardBatch, KvPool, LoadOptions, LogitsFor, Model,
+    SeqRows, WeightPrecision,
+};
 use proptest::prelude::*;
 
-fn model(kv_heads: usize, seed: u64) -> Model<B> {
+/// A tiny random model; with `q8`, its weights quantized to Q8_0 and its products run with 8-bit
+/// activations (`--weights q8_0 --activations q8`), whose batches must be as invariant.
+fn model(kv_heads: usize, seed: u64, q8: bool) -> Model<B> {
     let dir = random_model_dir(&tiny_llama_config(kv_heads), seed);
     std::fs::copy(
         common::fixtures().join("tiny/llama/tokenizer.json"),
         dir.path().join("tokenizer.json"),
     )
     .unwrap();
-    load_pretrained::<B>(
-        dir.path(),
-        LoadOptions::default(),
-        &Default::default(),
-        &mut |_, _| {},
-    )
-    .unwrap()
-    .model
+    let options = if q8 {
+        LoadOptions {
+            weights: WeightPrecision::Q8_0,
+            activations: ActivationPrecision::Q8,
+            ..LoadOptions::default()
+        }
+    } else {
+        LoadOptions::default()
+    };
+    load_pretrained::<B>(dir.path(), options, &Default::default(), &mut |_, _| {})
+        .unwrap()
+        .model
 }
 
 fn values(t: Tensor<B, 2>) -> Vec<f32> {
@@ -77,9 +86,11 @@ proptest! {
         chunk in 1usize..24,
         block_size in prop::sample::select(vec![1usize, 4, 8, 16]),
         share in any::<bool>(),
+        q8 in any::<bool>(),
         seed in 0u64..500,
     ) {
-        let m = model(kv_heads, seed);
+        let m = model(kv_heads, seed, q8);
+        prop_assert_eq!(m.activation_precision() == ActivationPrecision::Q8, q8);
         let steps = 3;
         let c = m.config();
         let mut prompts: Vec<Vec<u32>> = lens.iter().enumerate().map(|(i, &n)| tokens(seed + i as u64, n)).collect();
@@ -173,7 +184,7 @@ proptest! {
 
 #[test]
 fn a_batch_writing_another_sequences_slot_is_an_error() {
-    let m = model(2, 1);
+    let m = model(2, 1, false);
     let c = m.config();
     let mut pool = KvPool::<B>::new(
         c.num_layers,

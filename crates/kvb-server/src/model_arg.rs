@@ -4,7 +4,9 @@ use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use kvb_engine::{model_fingerprint, Engine, EngineConfig};
 use kvb_model::fetch::{ensure_default_model, models_dir};
-use kvb_model::{load_pretrained, LoadOptions, ModelBackend, Pretrained, WeightPrecision};
+use kvb_model::{
+    load_pretrained, ActivationPrecision, LoadOptions, ModelBackend, Pretrained, WeightPrecision,
+};
 use std::path::{Path, PathBuf};
 
 /// The model path to use: the given one, or the default model (fetched if absent).
@@ -56,19 +58,24 @@ pub fn load_engine<B: ModelBackend>(
     let options = LoadOptions {
         strict: config.strict,
         weights: config.weights,
+        activations: config.activations,
     };
     let m = load::<B>(path, options, device)?;
     let fingerprint =
         model_fingerprint(path, m.format, m.model.config(), m.model.weight_precision())
             .context("fingerprinting the model")?;
     eprintln!(
-        "weights: {:.0} MB ({})",
+        "weights: {:.0} MB ({}{})",
         m.model.weight_bytes() as f64 / 1e6,
         match m.model.weight_precision() {
             WeightPrecision::Auto => "as stored",
             WeightPrecision::F32 => "f32",
             WeightPrecision::Bf16 => "bf16",
             WeightPrecision::Q8_0 => "q8_0",
+        },
+        match m.model.activation_precision() {
+            ActivationPrecision::F32 => "",
+            ActivationPrecision::Q8 => ", 8-bit activations",
         }
     );
     let explicit = config.max_pool_bytes.is_some();

@@ -1,5 +1,5 @@
 //! `cargo xtask bench fidelity`: how close reuse of moved documents stays to Baseline, per repair
-//! setting, beside the noise floor (KIVI int8/int4 K/V, a bf16 forward), through `kvb verify`.
+//! setting, beside the noise floor (KIVI int8/int4 K/V, a bf16 forward, 8-bit activations), through `kvb verify`.
 //!
 //! The workload: every document of the corpus placed at the start, in the middle and at the end
 //! of a question's chat message, each warmed either alone or inside another prompt (alternating),

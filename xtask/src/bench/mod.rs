@@ -70,6 +70,8 @@ struct Options {
     reps: usize,
     model: Option<PathBuf>,
     out: Option<PathBuf>,
+    /// `kvb --activations` for the concurrency workload (`q8`); kvb's default otherwise.
+    activations: Option<String>,
 }
 
 fn parse(args: &[String]) -> Result<Options> {
@@ -78,6 +80,7 @@ fn parse(args: &[String]) -> Result<Options> {
         reps: 3,
         model: None,
         out: None,
+        activations: None,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -87,6 +90,7 @@ fn parse(args: &[String]) -> Result<Options> {
             "--reps" => o.reps = value()?.parse().context("--reps")?,
             "--model" => o.model = Some(value()?.into()),
             "--out" => o.out = Some(value()?.into()),
+            "--activations" => o.activations = Some(value()?.clone()),
             other => bail!("unknown bench option {other}"),
         }
     }
@@ -188,6 +192,9 @@ fn run_concurrency(
                 .arg(&summary);
             if let Some(m) = &o.model {
                 cmd.arg("--model").arg(m);
+            }
+            if let Some(a) = &o.activations {
+                cmd.arg("--activations").arg(a);
             }
             crate::run(&mut cmd)?;
             let text = std::fs::read_to_string(&summary)

@@ -29,6 +29,8 @@ struct Options {
     out: Option<PathBuf>,
     /// The shared system prompt's share of the full one (1.0: ~1,000 tokens).
     text: f64,
+    /// `kvb serve --activations` (`q8`); kvb's default otherwise.
+    activations: Option<String>,
 }
 
 fn parse(args: &[String]) -> Result<Options> {
@@ -40,6 +42,7 @@ fn parse(args: &[String]) -> Result<Options> {
         model: None,
         out: None,
         text: 1.0,
+        activations: None,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -65,6 +68,7 @@ fn parse(args: &[String]) -> Result<Options> {
             }
             "--model" => o.model = Some(value()?.into()),
             "--out" => o.out = Some(value()?.into()),
+            "--activations" => o.activations = Some(value()?.clone()),
             other => bail!("unknown bench server option {other}"),
         }
     }
@@ -342,7 +346,11 @@ fn client(
 
 fn measure(kvb: &Path, o: &Options, clients: usize, raw: &Path) -> Result<ServerResult> {
     let log = raw.join(format!("serve-{clients}.log"));
-    let server = ServeProcess::start(kvb, o.model.as_deref(), &[], &log)?;
+    let extra: Vec<&str> = match &o.activations {
+        Some(a) => vec!["--activations", a],
+        None => Vec::new(),
+    };
+    let server = ServeProcess::start(kvb, o.model.as_deref(), &extra, &log)?;
     let size = Size {
         text: o.text,
         turns: o.turns,

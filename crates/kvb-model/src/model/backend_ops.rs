@@ -37,6 +37,17 @@ pub trait ModelBackend: AttentionBackend {
         packed_linear_reference(x, w)
     }
 
+    /// `x`: `[m, k]` times a weight laid out for 8-bit activations -> `[m, n]`, `x` quantized
+    /// to 8 bits per value ([`super::int8`]). Here through host memory: the kernel is a CPU
+    /// kernel.
+    #[cfg(feature = "ndarray")]
+    fn int8_linear(x: Tensor<Self, 2>, w: &super::int8::IntDotMatrix) -> Tensor<Self, 2> {
+        let [m, _] = x.dims();
+        let device = x.device();
+        let y = super::int8::matmul(&crate::to_host_f32(x), m, w);
+        Tensor::from_data(TensorData::new(y, [m, w.n()]), &device)
+    }
+
     /// Splits fused projections `qkv` `[n, (hq + 2 hkv) d]` into q `[1, hq, n, d]` and k, v
     /// `[1, hkv, n, d]`, rotating q and k with `rope`.
     fn split_heads(

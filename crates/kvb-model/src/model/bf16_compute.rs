@@ -45,6 +45,15 @@ fn rounded_packed(p: &PackedMatrix) -> Result<Option<PackedMatrix>> {
     PackedMatrix::round_to_bf16(&[(&p.to_torch_layout(), p.n())], p.k()).map(Some)
 }
 
+/// The emulated bf16 forward rounds f32 activations; a model whose products quantize them to 8
+/// bits already is not one it emulates.
+#[cfg(feature = "ndarray")]
+fn not_with_q8_activations() -> crate::error::ModelError {
+    crate::error::ModelError::Unsupported(
+        "a bf16 forward of a model with 8-bit activations (load it with f32 activations)".into(),
+    )
+}
+
 impl<B: ModelBackend> Linear<B> {
     /// The projection with its weight and bias rounded to bf16.
     fn rounded_to_bf16(&self, device: &B::Device) -> Result<Self> {
@@ -60,6 +69,8 @@ impl<B: ModelBackend> Linear<B> {
                     ))
                 }
             },
+            #[cfg(feature = "ndarray")]
+            LinearWeight::IntDot(_) => return Err(not_with_q8_activations()),
         };
         let bias = match &self.bias {
             Some(b) => Some(round_tensor(b.clone())?),
@@ -83,6 +94,8 @@ impl<B: ModelBackend> Embedding<B> {
                     ))
                 }
             },
+            #[cfg(feature = "ndarray")]
+            Embedding::IntDot(_) => return Err(not_with_q8_activations()),
         })
     }
 }

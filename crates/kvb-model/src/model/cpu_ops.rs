@@ -224,6 +224,17 @@ impl ModelBackend for NdArray<f32> {
         Tensor::from_data(TensorData::new(y, [m, n]), &device)
     }
 
+    /// Straight from the tensor's storage (no copy of `x`).
+    fn int8_linear(x: Tensor<Self, 2>, w: &super::int8::IntDotMatrix) -> Tensor<Self, 2> {
+        let [m, k] = x.dims();
+        let device = x.device();
+        let y = match rows_of(&x).as_ref().and_then(f32_slice) {
+            Some((shape, xv)) if shape == [m, k] && k == w.k() => super::int8::matmul(xv, m, w),
+            _ => super::int8::matmul(&crate::to_host_f32(x), m, w),
+        };
+        Tensor::from_data(TensorData::new(y, [m, w.n()]), &device)
+    }
+
     /// f32 and f16 (see [`super::cpu_pool`]).
     fn holds_pool_precision(_precision: PoolPrecision) -> bool {
         true

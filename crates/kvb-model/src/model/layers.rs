@@ -1,6 +1,8 @@
 //! The building blocks of a Llama-layout block: linear projections and RMSNorm.
 
 use super::backend_ops::ModelBackend;
+#[cfg(feature = "ndarray")]
+use super::int8::IntDotMatrix;
 use crate::config::Activation;
 use crate::packed::PackedMatrix;
 use crate::weights::HostTensor;
@@ -26,6 +28,9 @@ pub(super) enum LinearWeight<B: ModelBackend> {
     Dense(Tensor<B, 2>),
     /// Shared: a tied LM head is the token embedding.
     Packed(Arc<PackedMatrix>),
+    /// Laid out for products with 8-bit activations (`--activations q8`, [`super::int8`]).
+    #[cfg(feature = "ndarray")]
+    IntDot(Arc<IntDotMatrix>),
 }
 
 impl<B: ModelBackend> Linear<B> {
@@ -84,6 +89,8 @@ impl<B: ModelBackend> Linear<B> {
         let y = match &self.weight {
             LinearWeight::Dense(w) => B::linear_matmul(x, w.clone()),
             LinearWeight::Packed(w) => B::packed_linear(x, w),
+            #[cfg(feature = "ndarray")]
+            LinearWeight::IntDot(w) => B::int8_linear(x, w),
         };
         match &self.bias {
             Some(b) => y + b.clone().unsqueeze::<2>(),
@@ -96,6 +103,8 @@ impl<B: ModelBackend> Linear<B> {
         match &self.weight {
             LinearWeight::Dense(w) => w.dims()[1],
             LinearWeight::Packed(w) => w.n(),
+            #[cfg(feature = "ndarray")]
+            LinearWeight::IntDot(w) => w.n(),
         }
     }
 
@@ -107,6 +116,8 @@ impl<B: ModelBackend> Linear<B> {
             LinearWeight::Packed(w) => {
                 matches!(w.cell_values(), CellValues::Nibbles | CellValues::Bytes)
             }
+            #[cfg(feature = "ndarray")]
+            LinearWeight::IntDot(_) => true,
         }
     }
 
@@ -115,6 +126,8 @@ impl<B: ModelBackend> Linear<B> {
         match &self.weight {
             LinearWeight::Dense(w) => w.shape().num_elements() * 4,
             LinearWeight::Packed(w) => w.bytes(),
+            #[cfg(feature = "ndarray")]
+            LinearWeight::IntDot(w) => w.bytes(),
         }
     }
 }
@@ -159,6 +172,9 @@ pub enum Embedding<B: ModelBackend> {
     Dense(Tensor<B, 2>),
     /// `[hidden, vocab]` packed (shared with a tied LM head).
     Packed(Arc<PackedMatrix>),
+    /// `[hidden, vocab]` laid out for 8-bit activation products (shared with a tied LM head).
+    #[cfg(feature = "ndarray")]
+    IntDot(Arc<IntDotMatrix>),
 }
 
 impl<B: ModelBackend> Embedding<B> {
@@ -181,6 +197,11 @@ impl<B: ModelBackend> Embedding<B> {
                 let rows: Vec<f32> = tokens.iter().flat_map(|&t| p.column(t as usize)).collect();
                 Tensor::from_data(TensorData::new(rows, [n, p.k()]), device)
             }
+            #[cfg(feature = "ndarray")]
+            Embedding::IntDot(p) => {
+                let rows: Vec<f32> = tokens.iter().flat_map(|&t| p.column(t as usize)).collect();
+                Tensor::from_data(TensorData::new(rows, [n, p.k()]), device)
+            }
         }
     }
 
@@ -189,6 +210,8 @@ impl<B: ModelBackend> Embedding<B> {
         match self {
             Embedding::Dense(t) => t.shape().num_elements() * 4,
             Embedding::Packed(p) => p.bytes(),
+            #[cfg(feature = "ndarray")]
+            Embedding::IntDot(p) => p.bytes(),
         }
     }
 }

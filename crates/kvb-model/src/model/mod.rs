@@ -11,10 +11,13 @@ mod cpu_pool;
 mod few_rows;
 #[cfg(all(test, feature = "ndarray"))]
 mod gemm_tests;
+#[cfg(feature = "ndarray")]
+pub mod int8;
 mod layers;
 #[cfg(feature = "ndarray")]
 mod packed_rows;
 mod precision;
+mod q8_activations;
 #[cfg(all(test, feature = "ndarray"))]
 mod test_values;
 
@@ -23,6 +26,7 @@ pub use batch::{ForwardBatch, SeqRows};
 pub use bf16_compute::ComputePrecision;
 pub use layers::{activate, Embedding, Linear, RmsNorm};
 pub use precision::WeightPrecision;
+pub use q8_activations::ActivationPrecision;
 
 use crate::config::{Family, ModelConfig};
 use crate::error::{ModelError, Result};
@@ -78,6 +82,8 @@ pub struct Model<B: ModelBackend> {
     precision: WeightPrecision,
     /// How activations are held between operations.
     compute: ComputePrecision,
+    /// How products quantize their input rows.
+    activations: ActivationPrecision,
     device: B::Device,
 }
 
@@ -217,6 +223,7 @@ impl<B: ModelBackend> Model<B> {
             lm_head,
             precision,
             compute: ComputePrecision::F32,
+            activations: ActivationPrecision::F32,
             device: device.clone(),
         })
     }
@@ -261,6 +268,8 @@ impl<B: ModelBackend> Model<B> {
             .sum();
         let head = match (&self.embed, self.config.tie_word_embeddings) {
             (Embedding::Packed(_), true) => 0,
+            #[cfg(feature = "ndarray")]
+            (Embedding::IntDot(_), true) => 0,
             _ => self.lm_head.weight_bytes(),
         };
         blocks + self.embed.bytes() + head

@@ -29,11 +29,11 @@
 
 mod dequant;
 
-#[cfg(target_arch = "x86_64")]
+#[cfg(all(target_arch = "x86_64", feature = "ndarray"))]
 pub(crate) use dequant::avx2::widen_floats;
-#[cfg(target_arch = "x86_64")]
+#[cfg(all(target_arch = "x86_64", feature = "ndarray"))]
 pub(crate) use dequant::avx512::{bytes16, join, widen_pair};
-#[cfg(target_arch = "x86_64")]
+#[cfg(all(target_arch = "x86_64", feature = "ndarray"))]
 pub(crate) use dequant::{prefetch_cell, AHEAD};
 
 use crate::error::{ModelError, Result};
@@ -450,6 +450,26 @@ impl PackedMatrix {
             out.extend((0..rows).map(|r| dequant::value(self.values, cell, r, lane)));
         }
         out
+    }
+
+    /// Column `j`'s cell `c` as stored, for re-laying the weight out
+    /// ([`crate::int8::IntDotMatrix`]): its scale and offset, and its `cell_rows` integers in
+    /// `q` (4-bit values unsigned, 8-bit values signed); `None` for 16-bit float cells.
+    #[cfg(feature = "ndarray")]
+    pub(crate) fn stored_integers(&self, j: usize, c: usize, q: &mut [i16]) -> Option<(f32, f32)> {
+        let (g, lane, rows) = (j / GROUP, j % GROUP, self.cell_rows);
+        let at = self.cell_at(g, c);
+        let cell = &self.data[at..at + self.cell_bytes()];
+        let f = |o: usize| f32::from_le_bytes([cell[o], cell[o + 1], cell[o + 2], cell[o + 3]]);
+        let v = &cell[HEAD_BYTES..];
+        for (r, q) in q.iter_mut().take(rows).enumerate() {
+            *q = match self.values {
+                CellValues::Nibbles => ((v[r / 2 * GROUP + lane] >> (4 * (r % 2))) & 0x0f) as i16,
+                CellValues::Bytes => v[r * GROUP + lane] as i8 as i16,
+                CellValues::Bf16 | CellValues::F16 => return None,
+            };
+        }
+        Some((f(lane * 4), f(GROUP * 4 + lane * 4)))
     }
 
     /// Writes columns `j0..j0 + cols` (`j0` a multiple of [`GROUP`]) of cells `c0..c1`

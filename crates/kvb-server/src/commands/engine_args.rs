@@ -125,6 +125,7 @@ impl EngineArgs {
             sink_tokens: self.sink_tokens,
             strict: !model.no_strict,
             weights: model.weights,
+            activations: model.activations,
             keep_resident: !self.no_resident,
             reuse_repaired: !self.no_reuse_repaired,
             ..defaults()

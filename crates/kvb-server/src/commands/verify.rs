@@ -1,5 +1,6 @@
 //! `kvb verify`: how close chunk reuse stays to a full prefill on a user's own prompts, beside the
-//! noise of changes of precision people already accept (KIVI int8/int4 K/V, a bf16 forward).
+//! noise of changes of precision people already accept (KIVI int8/int4 K/V, a bf16 forward,
+//! and for integer weights 8-bit activations).
 //!
 //! Each request of the file (`kvb replay`'s format) is taken in order: its `warm` text is cached
 //! first (`reset` forgets the cache before), then Baseline answers its prompt and each comparison

@@ -1,0 +1,165 @@
+//! A packed integer weight re-laid out for byte dot products: columns in groups of 16 (one
+//! vector of i32 sums), each group's reduction in blocks of 32 rows. A block holds the 16
+//! columns' scales (f32), their offsets (f32), then the values as unsigned bytes, 4 reduction
+//! rows per column side by side (what `vpdpbusd` multiplies into one i32 lane):
+//! - 4-bit values (Q4_0, Q4_1, Q4_K): 4 runs of 64 bytes; byte `lane * 4 + i` of run `c` holds
+//!   row `4c + i` in its low nibble and row `16 + 4c + i` in its high nibble;
+//! - 8-bit values (Q8_0, Q5_K, `--weights q8_0`): 8 runs of 64 bytes; byte `lane * 4 + i` of run
+//!   `t` holds row `4t + i` as `q + 128` (the products subtract 128 times the activations' block
+//!   sum, exactly, in integers).
+//!
+//! A group's blocks are consecutive and groups follow one another, so a product reads a range
+//! of columns as one stream. Same bytes per weight as [`PackedMatrix`].
+
+use super::{BLOCK, LANES};
+use crate::packed::{CellValues, PackedMatrix};
+
+/// Bytes of a block's scales and offsets.
+pub(super) const HEAD: usize = 2 * LANES * 4;
+
+/// A `[k, n]` weight for 8-bit activation products (see the module doc).
+#[derive(Clone)]
+pub struct IntDotMatrix {
+    /// 4-bit values (else 8-bit).
+    pub(super) nibbles: bool,
+    /// Whether any block has a nonzero offset (Q4_1, Q4_K); without, products skip the term.
+    pub(super) has_offsets: bool,
+    pub(super) k: usize,
+    pub(super) n: usize,
+    data: Vec<u8>,
+    source: &'static str,
+}
+
+impl std::fmt::Debug for IntDotMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "IntDotMatrix({} [{}, {}], {} bytes)",
+            self.source,
+            self.k,
+            self.n,
+            self.data.len()
+        )
+    }
+}
+
+impl IntDotMatrix {
+    /// `p` re-laid out, or `None` if its cells are not integers in blocks of 32 rows.
+    pub fn from_packed(p: &PackedMatrix) -> Option<Self> {
+        let nibbles = match p.cell_values() {
+            CellValues::Nibbles => true,
+            CellValues::Bytes => false,
+            CellValues::Bf16 | CellValues::F16 => return None,
+        };
+        if p.cell_rows() != BLOCK {
+            return None;
+        }
+        let (k, n) = (p.k(), p.n());
+        let blocks = k / BLOCK;
+        let mut out = IntDotMatrix {
+            nibbles,
+            has_offsets: false,
+            k,
+            n,
+            data: vec![0; n.div_ceil(LANES) * blocks * Self::block_bytes_of(nibbles)],
+            source: p.source(),
+        };
+        let mut q = [0i16; BLOCK];
+        for j in 0..n {
+            for b in 0..blocks {
+                let (scale, offset) = p.stored_integers(j, b, &mut q)?;
+                out.has_offsets |= offset != 0.0;
+                out.put(j, b, scale, offset, &q);
+            }
+        }
+        Some(out)
+    }
+
+    fn block_bytes_of(nibbles: bool) -> usize {
+        HEAD + if nibbles {
+            BLOCK * LANES / 2
+        } else {
+            BLOCK * LANES
+        }
+    }
+
+    /// Bytes of one block of one group.
+    pub(super) fn block_bytes(&self) -> usize {
+        Self::block_bytes_of(self.nibbles)
+    }
+
+    /// The blocks of group `g` (columns `16 g..16 g + 16`), consecutive over the reduction.
+    pub(super) fn group(&self, g: usize) -> &[u8] {
+        let per_group = self.k / BLOCK * self.block_bytes();
+        &self.data[g * per_group..(g + 1) * per_group]
+    }
+
+    fn put(&mut self, j: usize, b: usize, scale: f32, offset: f32, q: &[i16; BLOCK]) {
+        let (g, lane) = (j / LANES, j % LANES);
+        let bytes = self.block_bytes();
+        let at = (g * (self.k / BLOCK) + b) * bytes;
+        let block = &mut self.data[at..at + bytes];
+        block[lane * 4..lane * 4 + 4].copy_from_slice(&scale.to_le_bytes());
+        let o = LANES * 4 + lane * 4;
+        block[o..o + 4].copy_from_slice(&offset.to_le_bytes());
+        let values = &mut block[HEAD..];
+        for (r, &v) in q.iter().enumerate() {
+            if self.nibbles {
+                let (run, i, high) = ((r % 16) / 4, r % 4, r >= 16);
+                values[run * 64 + lane * 4 + i] |= (v as u8 & 0x0f) << (4 * high as u8);
+            } else {
+                values[(r / 4) * 64 + lane * 4 + r % 4] = (v + 128) as u8;
+            }
+        }
+    }
+
+    /// Block `b` of column `j`: its scale, offset and stored integers (as [`PackedMatrix`] holds
+    /// them: 4-bit values unsigned, 8-bit values signed).
+    pub(super) fn stored(&self, j: usize, b: usize) -> (f32, f32, [i32; BLOCK]) {
+        let (g, lane) = (j / LANES, j % LANES);
+        let bytes = self.block_bytes();
+        let block = &self.group(g)[b * bytes..(b + 1) * bytes];
+        let f = |o: usize| f32::from_le_bytes([block[o], block[o + 1], block[o + 2], block[o + 3]]);
+        let values = &block[HEAD..];
+        let q = std::array::from_fn(|r| {
+            if self.nibbles {
+                let byte = values[((r % 16) / 4) * 64 + lane * 4 + r % 4];
+                ((byte >> (4 * (r >= 16) as u8)) & 0x0f) as i32
+            } else {
+                values[(r / 4) * 64 + lane * 4 + r % 4] as i32 - 128
+            }
+        });
+        (f(lane * 4), f(LANES * 4 + lane * 4), q)
+    }
+
+    /// Column `j` (a token's embedding when the matrix is a tied embedding) as f32: the values
+    /// [`PackedMatrix::column`] gives (`q * scale + offset`, the product exact).
+    pub fn column(&self, j: usize) -> Vec<f32> {
+        let mut out = Vec::with_capacity(self.k);
+        for b in 0..self.k / BLOCK {
+            let (scale, offset, q) = self.stored(j, b);
+            out.extend(q.iter().map(|&q| q as f32 * scale + offset));
+        }
+        out
+    }
+
+    /// The reduction length (input features).
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Output features.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.data.len()
+    }
+
+    /// What the values were packed from (`q4_1`, `q8_0` ...).
+    pub fn source(&self) -> &'static str {
+        self.source
+    }
+}

@@ -1,0 +1,43 @@
+//! Products with 8-bit activations (`--activations q8`): the arithmetic llama.cpp runs on a
+//! quantized model, for CPUs whose f32 multiply-adds are the bottleneck (many rows at once: a
+//! prefill, or a decode step of many sequences).
+//!
+//! Each input row is quantized to signed 8-bit integers with one f32 scale per 32 values
+//! ([`QuantizedRows`]); each 32-value block is multiplied with the weight's stored integers in
+//! integer arithmetic (exact), and the block's integer sum is scaled back into the f32 output.
+//! AVX-512 VNNI's `vpdpbusd` does 64 byte products per instruction where an f32 FMA does 16.
+//! The cost is the activations' rounding (about 0.4% of a block's largest value); the weights
+//! keep their stored values. Output therefore differs slightly from the f32 products', and a
+//! cache key tells the two apart (kvb-engine's fingerprint).
+//!
+//! **A row's result does not depend on the rows beside it**, as with every kvb product. The
+//! integer sums are exact in any order; the float steps per output are fixed: starting from
+//! zero, for each block `b` in order,
+//! `y = fma(isum_b as f32, scale_b * dx_b, y)`, then, for weights with offsets (Q4_1),
+//! `y = fma(offset_b, sx_b, y)`, where `dx_b` is the row's block scale and `sx_b` is `dx_b`
+//! times the sum of the row's block integers. The vector kernel ([`avx512`]) and the portable
+//! loop ([`products`]) compute exactly these, so they give the same bits, and a sequence
+//! decoded in a batch of 16 gets what it gets alone (`tests`).
+//!
+//! Weights: every [`crate::packed::PackedMatrix`] of integer cells of 32 rows (Q4_0, Q4_1, Q8_0,
+//! Q4_K, Q5_K, and `--weights q8_0`), re-laid out for `vpdpbusd` ([`IntDotMatrix`]). Others
+//! (16-bit floats, Q6_K's 16-weight sub-blocks, f32) keep the f32 products.
+
+mod matrix;
+mod products;
+mod rows;
+
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+
+pub use matrix::IntDotMatrix;
+pub use products::matmul;
+pub use rows::QuantizedRows;
+
+/// Values per activation block and per weight block (ggml's block of 32).
+pub const BLOCK: usize = 32;
+/// Output columns per group: one 16-lane vector of i32 sums.
+pub const LANES: usize = 16;
+
+#[cfg(test)]
+mod tests;

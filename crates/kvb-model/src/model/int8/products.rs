@@ -1,0 +1,139 @@
+//! `y = x · w` with 8-bit activations: the work split, the kernel choice, and the portable loop
+//! that defines the arithmetic (see the parent module) and runs where AVX-512 VNNI is absent.
+
+use super::{IntDotMatrix, QuantizedRows, BLOCK, LANES};
+use crate::model::few_rows::in_column_ranges;
+
+/// Rows one kernel call keeps in registers (an i32 sum and an f32 output each, beside the
+/// weights).
+pub(super) const MAX_TILE_ROWS: usize = 8;
+/// Rows a task runs over each group of its columns before the next group: the group's weights
+/// stay in L1 between the row tiles, these rows' integers in L2 between the groups.
+const ROWS_PER_PASS: usize = 64;
+
+/// The kernels, by instruction set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Kernel {
+    /// Plain loops (the definition).
+    Portable,
+    /// AVX-512 with VNNI and BW: `vpdpbusd` on 16 lanes.
+    #[cfg(target_arch = "x86_64")]
+    Vnni512,
+}
+
+impl Kernel {
+    /// The fastest kernel this CPU runs, within `KVB_CPU_ISA`'s cap ([`kvb_gemm::isa`]).
+    pub(super) fn detect() -> Kernel {
+        static KERNEL: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
+        *KERNEL.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            {
+                use std::arch::is_x86_feature_detected as has;
+                if kvb_gemm::isa() == kvb_gemm::Isa::Avx512
+                    && has!("avx512bw")
+                    && has!("avx512vnni")
+                {
+                    return Kernel::Vnni512;
+                }
+            }
+            Kernel::Portable
+        })
+    }
+
+    /// Every kernel this CPU runs (tests compare them).
+    #[cfg(test)]
+    pub(super) fn supported() -> Vec<Kernel> {
+        let mut all = vec![Kernel::Portable];
+        if Kernel::detect() != Kernel::Portable {
+            all.push(Kernel::detect());
+        }
+        all
+    }
+}
+
+/// `y [m, n] = x [m, k] · w` with `x` quantized to 8 bits per value ([`QuantizedRows`]).
+pub fn matmul(x: &[f32], m: usize, w: &IntDotMatrix) -> Vec<f32> {
+    matmul_quantized(&QuantizedRows::new(x, m, w.k()), w, Kernel::detect())
+}
+
+/// `y = a · w` with `kernel`.
+pub(super) fn matmul_quantized(a: &QuantizedRows, w: &IntDotMatrix, kernel: Kernel) -> Vec<f32> {
+    assert_eq!(a.k, w.k, "int8 matmul: the rows' width is not the weight's");
+    let (m, n) = (a.m, w.n);
+    // Several tasks per thread so that uneven cores even out, whole groups each.
+    let tasks = 4 * rayon::current_num_threads();
+    let width = n.div_ceil(LANES).div_ceil(tasks).max(1) * LANES;
+    in_column_ranges(m, n, width, |j0, cols, tile| {
+        columns(a, w, kernel, j0, cols, tile)
+    })
+}
+
+/// Columns `j0..j0 + cols` (`j0` a multiple of 16) of `y` into `tile` (`[m, cols]`).
+fn columns(
+    a: &QuantizedRows,
+    w: &IntDotMatrix,
+    kernel: Kernel,
+    j0: usize,
+    cols: usize,
+    tile: &mut [f32],
+) {
+    let (g0, g1) = (j0 / LANES, (j0 + cols).div_ceil(LANES));
+    let mut out = [0f32; MAX_TILE_ROWS * LANES];
+    for p0 in (0..a.m).step_by(ROWS_PER_PASS) {
+        let p1 = (p0 + ROWS_PER_PASS).min(a.m);
+        for g in g0..g1 {
+            let first = (g - g0) * LANES;
+            let width = LANES.min(cols - first);
+            for r0 in (p0..p1).step_by(MAX_TILE_ROWS) {
+                let rows = MAX_TILE_ROWS.min(p1 - r0);
+                match kernel {
+                    Kernel::Portable => portable(a, r0, rows, w, g, &mut out),
+                    // SAFETY: `detect` found AVX-512F, BW and VNNI; `a` holds rows
+                    // `r0..r0 + rows` (within m) of width k = w.k; `g` is one of w's groups;
+                    // `out` holds MAX_TILE_ROWS rows of 16.
+                    #[cfg(target_arch = "x86_64")]
+                    Kernel::Vnni512 => unsafe { super::avx512::tile(a, r0, rows, w, g, &mut out) },
+                }
+                for r in 0..rows {
+                    let at = (r0 + r) * cols + first;
+                    tile[at..at + width].copy_from_slice(&out[r * LANES..r * LANES + width]);
+                }
+            }
+        }
+    }
+}
+
+/// The definition: rows `r0..r0 + rows` of `a` against group `g`'s 16 columns, into `out`
+/// (row `r`'s lanes at `r * 16`), summing each output as the parent module says.
+pub(super) fn portable(
+    a: &QuantizedRows,
+    r0: usize,
+    rows: usize,
+    w: &IntDotMatrix,
+    g: usize,
+    out: &mut [f32],
+) {
+    let blocks = a.k / BLOCK;
+    for r in 0..rows {
+        let row = r0 + r;
+        for lane in 0..LANES {
+            let j = g * LANES + lane;
+            let mut y = 0f32;
+            for b in 0..blocks {
+                let (scale, offset, q) = if j < w.n {
+                    w.stored(j, b)
+                } else {
+                    (0.0, 0.0, [0; BLOCK])
+                };
+                let x = &a.q[row * a.k + b * BLOCK..][..BLOCK];
+                let isum: i32 = q.iter().zip(x).map(|(&q, &x)| q * x as i32).sum();
+                let at = row * blocks + b;
+                y = (isum as f32).mul_add(scale * a.scale[at], y);
+                if w.has_offsets {
+                    y = offset.mul_add(a.scaled_sum[at], y);
+                }
+            }
+            out[r * LANES + lane] = y;
+        }
+    }
+}

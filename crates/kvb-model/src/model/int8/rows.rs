@@ -1,0 +1,178 @@
+//! Input rows quantized to 8 bits per value, one scale per block of 32 (llama.cpp's Q8_1 form:
+//! `dx = max |x| / 127`, `q = round(x / dx)`, and the block's sum kept beside it).
+
+use super::BLOCK;
+use rayon::prelude::*;
+
+/// Rows per parallel task when quantizing many rows (a prefill): enough to amortise rayon.
+const ROWS_PER_TASK: usize = 32;
+
+/// `m` rows of `k` values as 8-bit integers with their per-block scales.
+#[derive(Debug, Clone)]
+pub struct QuantizedRows {
+    pub(super) m: usize,
+    pub(super) k: usize,
+    /// `[m, k]`.
+    pub(super) q: Vec<i8>,
+    /// `[m, k / 32]`: each block's scale `dx`.
+    pub(super) scale: Vec<f32>,
+    /// `[m, k / 32]`: `dx` times the sum of the block's integers (the weights' offsets multiply
+    /// it).
+    pub(super) scaled_sum: Vec<f32>,
+    /// `[m, k / 32]`: -128 times the sum of the block's integers, the correction for weights
+    /// stored as unsigned bytes `q + 128` (see [`super::IntDotMatrix`]).
+    pub(super) unsigned_correction: Vec<i32>,
+}
+
+impl QuantizedRows {
+    /// Quantizes row-major `x [m, k]` (`k` a multiple of 32, `x` at least `m * k` long).
+    pub fn new(x: &[f32], m: usize, k: usize) -> Self {
+        assert!(
+            k.is_multiple_of(BLOCK) && x.len() >= m * k,
+            "QuantizedRows: {m} rows of {k} from {} values",
+            x.len()
+        );
+        let blocks = k / BLOCK;
+        let mut out = QuantizedRows {
+            m,
+            k,
+            q: vec![0; m * k],
+            scale: vec![0.0; m * blocks],
+            scaled_sum: vec![0.0; m * blocks],
+            unsigned_correction: vec![0; m * blocks],
+        };
+        let rows = |(((q, scale), sum), (fix, x)): RowsOut| {
+            for (i, xb) in x.chunks_exact(BLOCK).enumerate() {
+                let (d, total) = quantize_block(xb, &mut q[i * BLOCK..(i + 1) * BLOCK]);
+                scale[i] = d;
+                sum[i] = d * total as f32;
+                fix[i] = -128 * total;
+            }
+        };
+        // One task for a few rows (a decode step), several for a prefill's hundreds.
+        out.q
+            .par_chunks_mut(k)
+            .zip(out.scale.par_chunks_mut(blocks))
+            .zip(out.scaled_sum.par_chunks_mut(blocks))
+            .zip(
+                out.unsigned_correction
+                    .par_chunks_mut(blocks)
+                    .zip(x[..m * k].par_chunks(k)),
+            )
+            .with_min_len(ROWS_PER_TASK)
+            .for_each(rows);
+        out
+    }
+
+    /// Rows.
+    pub fn rows(&self) -> usize {
+        self.m
+    }
+
+    /// Values per row.
+    pub fn width(&self) -> usize {
+        self.k
+    }
+
+    /// Row `r`'s values as the products see them: each integer times its block's scale.
+    pub fn dequantized_row(&self, r: usize) -> Vec<f32> {
+        let blocks = self.k / BLOCK;
+        self.q[r * self.k..(r + 1) * self.k]
+            .iter()
+            .enumerate()
+            .map(|(i, &q)| q as f32 * self.scale[r * blocks + i / BLOCK])
+            .collect()
+    }
+}
+
+/// One row's outputs and input, as the quantizing loop takes them.
+type RowsOut<'a> = (
+    ((&'a mut [i8], &'a mut [f32]), &'a mut [f32]),
+    (&'a mut [i32], &'a [f32]),
+);
+
+/// Quantizes one block into `q`; returns its scale and the sum of its integers. A block of
+/// zeros (or of non-finite values, which no scale represents) has scale 0.
+fn quantize_block(x: &[f32], q: &mut [i8]) -> (f32, i32) {
+    #[cfg(target_arch = "x86_64")]
+    if x.len() == BLOCK && super::products::Kernel::detect() != super::products::Kernel::Portable {
+        // SAFETY: the VNNI kernel's CPU has AVX-512F; both slices hold one block.
+        return unsafe { quantize_block_avx512(x, q) };
+    }
+    quantize_block_portable(x, q)
+}
+
+/// [`quantize_block`] in plain loops (the definition).
+pub(super) fn quantize_block_portable(x: &[f32], q: &mut [i8]) -> (f32, i32) {
+    let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let (d, inv) = scale_of(amax);
+    let mut total = 0i32;
+    for (q, v) in q.iter_mut().zip(x) {
+        let r = round_to_int(v * inv);
+        *q = r as i8;
+        total += r;
+    }
+    (d, total)
+}
+
+/// A block's scale `max |x| / 127` and its inverse (both 0 where no scale represents it).
+fn scale_of(amax: f32) -> (f32, f32) {
+    let d = amax / 127.0;
+    if d > 0.0 && d.is_finite() {
+        (d, 1.0 / d)
+    } else {
+        (0.0, 0.0)
+    }
+}
+
+/// Adding and subtracting 1.5 * 2^23 rounds an f32 of magnitude below 2^22 to an integer, to
+/// nearest, ties to even (the default rounding mode): the rounding of `roundps` and
+/// `round_ties_even`, in plain SSE2 arithmetic that vectorises everywhere.
+const ROUNDER: f32 = 12_582_912.0;
+
+/// `v` (at most 127 in magnitude by construction, NaN from a non-finite input) rounded to
+/// nearest even, clamped to -127..=127; NaN gives 0.
+fn round_to_int(v: f32) -> i32 {
+    let r = ((v + ROUNDER) - ROUNDER).clamp(-127.0, 127.0);
+    if r.is_nan() {
+        0
+    } else {
+        r as i32
+    }
+}
+
+/// [`quantize_block`] on 16 lanes: the same max, scale, rounding and clamp, so the same bits.
+///
+/// # Safety
+/// The CPU has AVX-512F; `x` and `q` hold 32 values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn quantize_block_avx512(x: &[f32], q: &mut [i8]) -> (f32, i32) {
+    use std::arch::x86_64::*;
+    let (a, b) = (
+        _mm512_loadu_ps(x.as_ptr()),
+        _mm512_loadu_ps(x.as_ptr().add(16)),
+    );
+    // max is exact in any order; NaN lanes count as 0, as f32::max drops them.
+    let finite_abs =
+        |v: __m512| _mm512_maskz_mov_ps(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(v, v), _mm512_abs_ps(v));
+    let amax = _mm512_reduce_max_ps(_mm512_max_ps(finite_abs(a), finite_abs(b)));
+    let (d, inv) = scale_of(amax);
+    let (inv, rounder) = (_mm512_set1_ps(inv), _mm512_set1_ps(ROUNDER));
+    let (lo, hi) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
+    let round = |v: __m512| {
+        let r = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(v, inv), rounder), rounder);
+        // max/min with the bound second return the bound for NaN: then the NaN lane is
+        // cleared below (as round_to_int's 0).
+        let clamped = _mm512_min_ps(_mm512_max_ps(r, lo), hi);
+        let ordered = _mm512_cmp_ps_mask::<_CMP_ORD_Q>(r, r);
+        _mm512_maskz_cvtps_epi32(ordered, clamped)
+    };
+    let (ia, ib) = (round(a), round(b));
+    _mm_storeu_si128(q.as_mut_ptr() as *mut __m128i, _mm512_cvtepi32_epi8(ia));
+    _mm_storeu_si128(
+        q.as_mut_ptr().add(16) as *mut __m128i,
+        _mm512_cvtepi32_epi8(ib),
+    );
+    (d, _mm512_reduce_add_epi32(_mm512_add_epi32(ia, ib)))
+}

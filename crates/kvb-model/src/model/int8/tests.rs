@@ -1,0 +1,140 @@
+//! The int8 products against their definition and against the f32 products.
+
+use super::products::{matmul_quantized, Kernel};
+use super::{IntDotMatrix, QuantizedRows, BLOCK};
+use crate::model::test_values::{packed_matrix, spread};
+use proptest::prelude::*;
+
+/// The integer formats [`packed_matrix`] builds: 0 Q8_0 (8-bit, no offsets), 1 Q4_1 (4-bit with
+/// offsets).
+const INTEGER_FORMATS: [usize; 2] = [0, 1];
+
+/// The exact product of `a`'s dequantized rows and `w`'s values, in f64.
+fn exact(a: &QuantizedRows, w: &IntDotMatrix) -> Vec<f64> {
+    let cols: Vec<Vec<f32>> = (0..w.n()).map(|j| w.column(j)).collect();
+    let mut y = Vec::new();
+    for r in 0..a.rows() {
+        let x = a.dequantized_row(r);
+        for col in &cols {
+            y.push(x.iter().zip(col).map(|(&x, &c)| x as f64 * c as f64).sum());
+        }
+    }
+    y
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Every kernel gives the portable loop's bits, for any row count (tiles of 1 to 8, several
+    /// passes), width (a last group partly padding) and integer format; and each output is the
+    /// exact product of the quantized rows and the weights to within f32 rounding.
+    #[test]
+    fn kernels_give_the_definitions_bits(
+        m in 1usize..80, blocks_per_row in 1usize..12, n in 1usize..70,
+        format in 0usize..2, seed in 0u32..1000,
+    ) {
+        let (packed, k) = packed_matrix(INTEGER_FORMATS[format], blocks_per_row, n, seed);
+        let w = IntDotMatrix::from_packed(&packed).expect("integer cells of 32");
+        let x: Vec<f32> = (0..m * k).map(|i| spread(i, seed, 70.0)).collect();
+        let a = QuantizedRows::new(&x, m, k);
+        let want = matmul_quantized(&a, &w, Kernel::Portable);
+        for kernel in Kernel::supported() {
+            let got = matmul_quantized(&a, &w, kernel);
+            for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                prop_assert_eq!(g.to_bits(), e.to_bits(), "{:?}, element {} of [{}, {}]", kernel, i, m, n);
+            }
+        }
+        let magnitude: f64 = (0..k).map(|_| 1000.0 / 70.0 * 1.0).sum::<f64>();
+        for (g, e) in want.iter().zip(exact(&a, &w)) {
+            prop_assert!((*g as f64 - e).abs() <= 1e-5 * magnitude, "{} vs exact {}", g, e);
+        }
+    }
+
+    /// A row's outputs do not depend on the rows computed with it: each row alone gives the
+    /// bits it gets among the others.
+    #[test]
+    fn a_rows_result_does_not_depend_on_its_neighbours(
+        m in 2usize..20, blocks_per_row in 1usize..8, n in 1usize..40,
+        format in 0usize..2, seed in 0u32..1000,
+    ) {
+        let (packed, k) = packed_matrix(INTEGER_FORMATS[format], blocks_per_row, n, seed);
+        let w = IntDotMatrix::from_packed(&packed).expect("integer cells of 32");
+        let x: Vec<f32> = (0..m * k).map(|i| spread(i, seed, 70.0)).collect();
+        let together = super::matmul(&x, m, &w);
+        for r in 0..m {
+            let alone = super::matmul(&x[r * k..(r + 1) * k], 1, &w);
+            for (j, (a, t)) in alone.iter().zip(&together[r * n..(r + 1) * n]).enumerate() {
+                prop_assert_eq!(a.to_bits(), t.to_bits(), "row {} column {}", r, j);
+            }
+        }
+    }
+
+    /// The re-laid-out weight keeps every value of the packed one.
+    #[test]
+    fn columns_keep_the_packed_values(
+        blocks_per_row in 1usize..6, n in 1usize..40, format in 0usize..2, seed in 0u32..1000,
+    ) {
+        let (packed, _) = packed_matrix(INTEGER_FORMATS[format], blocks_per_row, n, seed);
+        let w = IntDotMatrix::from_packed(&packed).expect("integer cells of 32");
+        for j in 0..n {
+            let (got, want) = (w.column(j), packed.column(j));
+            prop_assert_eq!(got.len(), want.len());
+            for (g, e) in got.iter().zip(&want) {
+                prop_assert_eq!(g.to_bits(), e.to_bits(), "column {}", j);
+            }
+        }
+    }
+
+    /// Quantized rows stay within half a step of the input, per block.
+    #[test]
+    fn quantized_rows_are_within_half_a_step(
+        m in 1usize..5, blocks in 1usize..6, seed in 0u32..1000, scale in 1f32..1e4,
+    ) {
+        let k = blocks * BLOCK;
+        let x: Vec<f32> = (0..m * k).map(|i| spread(i, seed, scale)).collect();
+        let a = QuantizedRows::new(&x, m, k);
+        for r in 0..m {
+            let back = a.dequantized_row(r);
+            for (b, (xb, yb)) in x[r * k..(r + 1) * k].chunks(BLOCK).zip(back.chunks(BLOCK)).enumerate() {
+                let step = xb.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+                for (v, q) in xb.iter().zip(yb) {
+                    prop_assert!((v - q).abs() <= 0.5 * step * 1.0001 + f32::EPSILON, "block {}: {} -> {}", b, v, q);
+                }
+            }
+        }
+    }
+}
+
+/// Half-precision and 16-row cells are not taken (they keep the f32 products).
+#[test]
+fn float_and_16_row_cells_are_declined() {
+    for format in [2, 3, 4] {
+        let (packed, _) = packed_matrix(format, 8, 24, 1);
+        assert!(
+            IntDotMatrix::from_packed(&packed).is_none(),
+            "format {format}"
+        );
+    }
+}
+
+proptest! {
+    /// The vector quantizer gives the portable one's integers and scales, non-finite values
+    /// included.
+    #[test]
+    fn quantizers_agree(values in proptest::collection::vec(
+        prop_oneof![-1e6f32..1e6, Just(f32::NAN), Just(f32::INFINITY), Just(-0.0f32), -1e-30f32..1e-30],
+        BLOCK..=BLOCK,
+    )) {
+        let mut q = [0i8; BLOCK];
+        let portable = super::rows::quantize_block_portable(&values, &mut q);
+        #[cfg(target_arch = "x86_64")]
+        if super::products::Kernel::detect() != super::products::Kernel::Portable {
+            let mut qv = [0i8; BLOCK];
+            // SAFETY: the VNNI kernel's CPU has AVX-512F; both hold one block.
+            let vector = unsafe { super::rows::quantize_block_avx512(&values, &mut qv) };
+            prop_assert_eq!(portable.0.to_bits(), vector.0.to_bits());
+            prop_assert_eq!(portable.1, vector.1);
+            prop_assert_eq!(q, qv);
+        }
+    }
+}

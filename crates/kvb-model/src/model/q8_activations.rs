@@ -1,0 +1,148 @@
+//! `--activations`: converting a loaded model's integer weights for products with 8-bit
+//! activations ([`super::int8`]).
+
+#[cfg(feature = "ndarray")]
+use super::layers::{Embedding, Linear, LinearWeight};
+use super::{Model, ModelBackend};
+use crate::error::{ModelError, Result};
+
+/// How the products quantize their input rows (`--activations`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ActivationPrecision {
+    /// f32 rows against the weights' exact values: the bits of the f32 model.
+    #[default]
+    F32,
+    /// Rows quantized to 8 bits per value, one f32 scale per 32 (llama.cpp's Q8 activations),
+    /// for products with integer weights.
+    Q8,
+}
+
+impl ActivationPrecision {
+    /// The names `--activations` accepts.
+    pub const NAMES: [&'static str; 2] = ["f32", "q8"];
+}
+
+impl std::fmt::Display for ActivationPrecision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ActivationPrecision::F32 => "f32",
+            ActivationPrecision::Q8 => "q8",
+        })
+    }
+}
+
+impl std::str::FromStr for ActivationPrecision {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" => Ok(ActivationPrecision::F32),
+            "q8" | "q8_0" | "int8" => Ok(ActivationPrecision::Q8),
+            other => Err(format!(
+                "unknown activation precision `{other}` (expected one of {})",
+                ActivationPrecision::NAMES.join(", ")
+            )),
+        }
+    }
+}
+
+#[cfg(feature = "ndarray")]
+impl<B: ModelBackend> Linear<B> {
+    /// The projection with a packed integer weight re-laid out for 8-bit activations; others
+    /// (f32, 16-bit floats, Q6_K) unchanged.
+    fn with_q8_activations(self) -> Self {
+        use super::int8::IntDotMatrix;
+        use std::sync::Arc;
+        let weight = match self.weight {
+            LinearWeight::Packed(p) => match IntDotMatrix::from_packed(&p) {
+                Some(d) => LinearWeight::IntDot(Arc::new(d)),
+                None => LinearWeight::Packed(p),
+            },
+            other => other,
+        };
+        Linear {
+            weight,
+            bias: self.bias,
+        }
+    }
+}
+
+impl<B: ModelBackend> Model<B> {
+    /// This model with its products' inputs held in `activations`. For
+    /// [`ActivationPrecision::Q8`], every projection (and the LM head) whose weight is packed in
+    /// integer blocks of 32 is re-laid out for 8-bit products (the same bytes); a tied
+    /// embedding shares the new layout. Errors where the backend does not run packed weights
+    /// (the kernels are the CPU's), or where no projection holds integer weights (f32 or 16-bit
+    /// float weights: `--weights q8_0` quantizes them first).
+    pub fn with_activations(self, activations: ActivationPrecision) -> Result<Self> {
+        if activations == self.activations {
+            return Ok(self);
+        }
+        if self.activations != ActivationPrecision::F32
+            || self.compute != super::ComputePrecision::F32
+        {
+            return Err(ModelError::Unsupported(format!(
+                "changing a model's activations from {} to {activations}; load it again",
+                self.activations
+            )));
+        }
+        self.into_q8_activations()
+    }
+
+    #[cfg(feature = "ndarray")]
+    fn into_q8_activations(mut self) -> Result<Self> {
+        use super::int8::IntDotMatrix;
+        use std::sync::Arc;
+        if !B::runs_packed_weights() {
+            return Err(ModelError::Unsupported(
+                "8-bit activations on this backend (its products run in f32; the 8-bit kernels \
+                 are the CPU's)"
+                    .into(),
+            ));
+        }
+        // A tied head and the embedding share one matrix: convert it once for both.
+        let shared = match (&self.embed, &self.lm_head.weight) {
+            (Embedding::Packed(e), LinearWeight::Packed(h)) if Arc::ptr_eq(e, h) => {
+                IntDotMatrix::from_packed(e).map(Arc::new)
+            }
+            _ => None,
+        };
+        if let Some(d) = shared {
+            self.embed = Embedding::IntDot(d.clone());
+            self.lm_head.weight = LinearWeight::IntDot(d);
+        } else {
+            self.lm_head = self.lm_head.with_q8_activations();
+        }
+        for b in &mut self.blocks {
+            for l in [&mut b.qkv, &mut b.o, &mut b.gate_up, &mut b.down] {
+                *l = l.clone().with_q8_activations();
+            }
+        }
+        let converted = self
+            .blocks
+            .iter()
+            .flat_map(|b| [&b.qkv, &b.o, &b.gate_up, &b.down])
+            .any(|l| matches!(l.weight, LinearWeight::IntDot(_)));
+        if !converted {
+            return Err(ModelError::Unsupported(
+                "8-bit activations with weights that are not integers in blocks of 32 (Q4_0, \
+                 Q4_1, Q8_0, Q4_K, Q5_K); add --weights q8_0 to quantize float weights"
+                    .into(),
+            ));
+        }
+        self.activations = ActivationPrecision::Q8;
+        Ok(self)
+    }
+
+    #[cfg(not(feature = "ndarray"))]
+    fn into_q8_activations(self) -> Result<Self> {
+        Err(ModelError::Unsupported(
+            "8-bit activations without the CPU backend (build with the `ndarray` feature)".into(),
+        ))
+    }
+
+    /// How products quantize their input rows.
+    pub fn activation_precision(&self) -> ActivationPrecision {
+        self.activations
+    }
+}
