@@ -15,9 +15,9 @@
 //! zero, for each block `b` in order,
 //! `y = fma(isum_b as f32, scale_b * dx_b, y)`, then, for weights with offsets (Q4_1),
 //! `y = fma(offset_b, sx_b, y)`, where `dx_b` is the row's block scale and `sx_b` is `dx_b`
-//! times the sum of the row's block integers. The vector kernel ([`avx512`]) and the portable
-//! loop ([`products`]) compute exactly these, so they give the same bits, and a sequence
-//! decoded in a batch of 16 gets what it gets alone (`tests`).
+//! times the sum of the row's block integers. The vector kernels (AVX-512 VNNI in [`avx512`],
+//! AVX2 in [`avx2`]) and the portable loop ([`products`]) compute exactly these, so they give
+//! the same bits, and a sequence decoded in a batch of 16 gets what it gets alone (`tests`).
 //!
 //! Weights: every [`crate::packed::PackedMatrix`] of integer cells of 32 rows (Q4_0, Q4_1, Q8_0,
 //! Q4_K, Q5_K, and `--weights q8_0`), re-laid out for `vpdpbusd` ([`IntDotMatrix`]). Others
@@ -27,6 +27,8 @@ mod matrix;
 mod products;
 mod rows;
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 

@@ -16,6 +16,9 @@ const ROWS_PER_PASS: usize = 64;
 pub(super) enum Kernel {
     /// Plain loops (the definition).
     Portable,
+    /// AVX2 and FMA: `vpmaddubsw` and `vpmaddwd` on 8 lanes.
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
     /// AVX-512 with VNNI and BW: `vpdpbusd` on 16 lanes.
     #[cfg(target_arch = "x86_64")]
     Vnni512,
@@ -35,6 +38,9 @@ impl Kernel {
                 {
                     return Kernel::Vnni512;
                 }
+                if kvb_gemm::isa() >= kvb_gemm::Isa::Avx2Fma {
+                    return Kernel::Avx2;
+                }
             }
             Kernel::Portable
         })
@@ -44,8 +50,15 @@ impl Kernel {
     #[cfg(test)]
     pub(super) fn supported() -> Vec<Kernel> {
         let mut all = vec![Kernel::Portable];
-        if Kernel::detect() != Kernel::Portable {
-            all.push(Kernel::detect());
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if kvb_gemm::has_fma() {
+                all.push(Kernel::Avx2);
+            }
+            if has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
+                all.push(Kernel::Vnni512);
+            }
         }
         all
     }
@@ -93,6 +106,9 @@ fn columns(
                     // `out` holds MAX_TILE_ROWS rows of 16.
                     #[cfg(target_arch = "x86_64")]
                     Kernel::Vnni512 => unsafe { super::avx512::tile(a, r0, rows, w, g, &mut out) },
+                    // SAFETY: as above, with AVX2 and FMA (`detect`).
+                    #[cfg(target_arch = "x86_64")]
+                    Kernel::Avx2 => unsafe { super::avx2::tile(a, r0, rows, w, g, &mut out) },
                 }
                 for r in 0..rows {
                     let at = (r0 + r) * cols + first;

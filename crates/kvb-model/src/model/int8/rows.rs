@@ -95,9 +95,15 @@ type RowsOut<'a> = (
 /// zeros (or of non-finite values, which no scale represents) has scale 0.
 fn quantize_block(x: &[f32], q: &mut [i8]) -> (f32, i32) {
     #[cfg(target_arch = "x86_64")]
-    if x.len() == BLOCK && super::products::Kernel::detect() != super::products::Kernel::Portable {
-        // SAFETY: the VNNI kernel's CPU has AVX-512F; both slices hold one block.
-        return unsafe { quantize_block_avx512(x, q) };
+    if x.len() == BLOCK && q.len() == BLOCK {
+        use super::products::Kernel;
+        match Kernel::detect() {
+            // SAFETY: the VNNI kernel's CPU has AVX-512F; both slices hold one block.
+            Kernel::Vnni512 => return unsafe { quantize_block_avx512(x, q) },
+            // SAFETY: the AVX2 kernel's CPU has AVX2; both slices hold one block.
+            Kernel::Avx2 => return unsafe { quantize_block_avx2(x, q) },
+            Kernel::Portable => {}
+        }
     }
     quantize_block_portable(x, q)
 }
@@ -175,4 +181,49 @@ pub(super) unsafe fn quantize_block_avx512(x: &[f32], q: &mut [i8]) -> (f32, i32
         _mm512_cvtepi32_epi8(ib),
     );
     (d, _mm512_reduce_add_epi32(_mm512_add_epi32(ia, ib)))
+}
+
+/// [`quantize_block`] on 8 lanes: the same max, scale, rounding and clamp, so the same bits.
+///
+/// # Safety
+/// The CPU has AVX2; `x` and `q` hold 32 values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn quantize_block_avx2(x: &[f32], q: &mut [i8]) -> (f32, i32) {
+    use std::arch::x86_64::*;
+    let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(x.as_ptr().add(8 * i)));
+    let ordered = |v: __m256| _mm256_cmp_ps::<_CMP_ORD_Q>(v, v);
+    let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MAX));
+    // max is exact in any order; NaN lanes count as 0, as f32::max drops them.
+    let finite_abs = |v: __m256| _mm256_and_ps(_mm256_and_ps(v, abs_mask), ordered(v));
+    let m = _mm256_max_ps(
+        _mm256_max_ps(finite_abs(v[0]), finite_abs(v[1])),
+        _mm256_max_ps(finite_abs(v[2]), finite_abs(v[3])),
+    );
+    let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    let m = _mm_max_ss(m, _mm_shuffle_ps::<1>(m, m));
+    let (d, inv) = scale_of(_mm_cvtss_f32(m));
+    let (inv, rounder) = (_mm256_set1_ps(inv), _mm256_set1_ps(ROUNDER));
+    let (lo, hi) = (_mm256_set1_ps(-127.0), _mm256_set1_ps(127.0));
+    let round = |v: __m256| {
+        let r = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(v, inv), rounder), rounder);
+        // NaN lanes (from a non-finite input) become 0, as round_to_int's.
+        let clamped = _mm256_and_ps(_mm256_min_ps(_mm256_max_ps(r, lo), hi), ordered(r));
+        _mm256_cvtps_epi32(clamped)
+    };
+    let i: [__m256i; 4] = std::array::from_fn(|k| round(v[k]));
+    // Saturating packs interleave the 128-bit lanes; the permute puts the 32 bytes in order.
+    let bytes = _mm256_packs_epi16(
+        _mm256_packs_epi32(i[0], i[1]),
+        _mm256_packs_epi32(i[2], i[3]),
+    );
+    let ordered_bytes =
+        _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, ordered_bytes);
+    let s = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+    let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    (d, _mm_cvtsi128_si32(s))
 }
