@@ -139,14 +139,20 @@ pub(crate) unsafe fn attend_rows(
 ///
 /// The passes are written to vectorise: the maximum is exact in any order, and the sum runs in
 /// eight lanes combined as `((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7))`, the same for a row whatever
-/// else shares its task. With AVX2 (detected once, by kvb-gemm) the same loops run on 8-lane vectors; Rust
-/// never fuses a multiply and an add on its own, so both compile to the same bits.
+/// else shares its task. With AVX2 (detected once, by kvb-gemm) the same loops run on 8-lane
+/// vectors, with AVX-512 the exponentials on 16 (the sum keeps its eight lanes); Rust never fuses
+/// a multiply and an add on its own, so all compile to the same bits.
 fn online_softmax_step(
     row: &mut [f32],
     visible: usize,
     running_max: &mut f32,
     running_sum: &mut f32,
 ) -> Option<f32> {
+    #[cfg(target_arch = "x86_64")]
+    if kvb_gemm::isa() == kvb_gemm::Isa::Avx512 {
+        // SAFETY: the CPU has AVX-512F (kvb-gemm checked).
+        return unsafe { softmax_step_avx512(row, visible, running_max, running_sum) };
+    }
     #[cfg(target_arch = "x86_64")]
     if kvb_gemm::has_fma() {
         // SAFETY: the CPU has AVX2 (checked, with FMA, which this step does not use).
@@ -162,6 +168,21 @@ fn online_softmax_step(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn softmax_step_avx2(
+    row: &mut [f32],
+    visible: usize,
+    running_max: &mut f32,
+    running_sum: &mut f32,
+) -> Option<f32> {
+    softmax_step(row, visible, running_max, running_sum)
+}
+
+/// [`softmax_step`] compiled for AVX-512F.
+///
+/// # Safety
+/// The CPU must have AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn softmax_step_avx512(
     row: &mut [f32],
     visible: usize,
     running_max: &mut f32,
@@ -221,4 +242,45 @@ fn softmax_step(
     *running_sum = *running_sum * rescale + sum;
     *running_max = new_max;
     Some(rescale)
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Every compiled form of the softmax step (portable, AVX2, AVX-512 where the CPU has
+        /// them) gives the same bits: exponentials, sum, running max and sum, rescale.
+        #[test]
+        fn each_softmax_step_gives_the_same_bits(
+            row in prop::collection::vec(prop_oneof![9 => -40f32..40.0, 1 => Just(f32::NEG_INFINITY)], 1..150),
+            hidden in 0usize..20,
+            running_max in prop_oneof![Just(f32::NEG_INFINITY), -40f32..40.0],
+            running_sum in 0f32..100.0,
+        ) {
+            let visible = row.len().saturating_sub(hidden).max(1);
+            let run = |step: &dyn Fn(&mut [f32], &mut f32, &mut f32) -> Option<f32>| {
+                let (mut r, mut m, mut s) = (row.clone(), running_max, running_sum);
+                let rescale = step(&mut r, &mut m, &mut s);
+                (r, m, s, rescale)
+            };
+            let bits = |(r, m, s, rescale): (Vec<f32>, f32, f32, Option<f32>)| {
+                let mut v: Vec<u32> = r.iter().map(|x| x.to_bits()).collect();
+                v.extend([m.to_bits(), s.to_bits(), rescale.map_or(1, f32::to_bits)]);
+                v
+            };
+            let want = bits(run(&|r, m, s| softmax_step(r, visible, m, s)));
+            if kvb_gemm::has_fma() {
+                // SAFETY: the CPU has AVX2 (with FMA).
+                let got = bits(run(&|r, m, s| unsafe { softmax_step_avx2(r, visible, m, s) }));
+                prop_assert_eq!(&got, &want, "AVX2");
+            }
+            if kvb_gemm::Isa::supported().contains(&kvb_gemm::Isa::Avx512) {
+                // SAFETY: the CPU has AVX-512F.
+                let got = bits(run(&|r, m, s| unsafe { softmax_step_avx512(r, visible, m, s) }));
+                prop_assert_eq!(&got, &want, "AVX-512");
+            }
+        }
+    }
 }
