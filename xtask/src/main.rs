@@ -52,7 +52,8 @@ commands:
                 on the same weights and threads: full prefill of ~512 and ~3,000 tokens, decode,
                 warm questions; ratios from one run, in bench/results/<date>-peers/. Optional,
                 never in CI: pip-installs its peers into $KVB_PEERS_DIR (~/.cache/kvb/peers).
-                Options: --reps N (3), --threads N (all cores), --peers a,b, --out DIR
+                Options: --reps N (3), --threads N (all cores), --peers a,b, --out DIR,
+                --activations q8 (kvb with 8-bit activations)
   bench attn    the CubeCL attention kernel vs the reference ops on one device (causal prefill,
                 suffix after cached K/V, CacheBlend's scattered rows, decode): time, GFLOP/s,
                 speed-up; then the default model's prefill and decode with either attention

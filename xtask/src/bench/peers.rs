@@ -32,6 +32,8 @@ struct Options {
     threads: usize,
     out: Option<PathBuf>,
     peers: Vec<String>,
+    /// `kvb --activations` (`q8`: llama.cpp's arithmetic); kvb's default (f32) otherwise.
+    activations: Option<String>,
 }
 
 fn parse(args: &[String]) -> Result<Options> {
@@ -40,6 +42,7 @@ fn parse(args: &[String]) -> Result<Options> {
         threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
         out: None,
         peers: PEERS.iter().map(|p| p.to_string()).collect(),
+        activations: None,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -48,6 +51,7 @@ fn parse(args: &[String]) -> Result<Options> {
             "--reps" => o.reps = value()?.parse().context("--reps: a count")?,
             "--threads" => o.threads = value()?.parse().context("--threads: a count")?,
             "--out" => o.out = Some(PathBuf::from(value()?)),
+            "--activations" => o.activations = Some(value()?.clone()),
             "--peers" => {
                 o.peers = value()?.split(',').map(|p| p.trim().to_string()).collect();
                 if let Some(p) = o.peers.iter().find(|p| !PEERS.contains(&p.as_str())) {
@@ -236,16 +240,18 @@ fn run_kvb(kvb: &Path, gguf: &Path, o: &Options, ws: &[Workload], raw: &Path) ->
                 o.reps
             );
             let out = raw.join(format!("kvb-{}-rep{rep}.out.jsonl", w.name));
-            crate::run(
-                Command::new(kvb)
-                    .env("RAYON_NUM_THREADS", o.threads.to_string())
-                    .args(["replay", "--model"])
-                    .arg(gguf)
-                    .arg("--requests")
-                    .arg(&requests)
-                    .arg("--out")
-                    .arg(&out),
-            )?;
+            let mut cmd = Command::new(kvb);
+            cmd.env("RAYON_NUM_THREADS", o.threads.to_string())
+                .args(["replay", "--model"])
+                .arg(gguf)
+                .arg("--requests")
+                .arg(&requests)
+                .arg("--out")
+                .arg(&out);
+            if let Some(a) = &o.activations {
+                cmd.arg("--activations").arg(a);
+            }
+            crate::run(&mut cmd)?;
             let text = std::fs::read_to_string(&out)?;
             let last: Value = text
                 .lines()
@@ -361,8 +367,13 @@ fn markdown(o: &Options, ws: &[Workload], m: &[(String, Measured)], gguf_bytes: 
         "# kvb beside its peers\n\n`cargo xtask bench peers`: SmolLM2-135M-Instruct (kvb and \
          llama.cpp on its Q4_1 GGUF, PyTorch on the same weights in f32), {} threads, greedy, \
          plain-text prompts, median of {} repetitions. Ratios are kvb's speed over the peer's \
-         (above 1: kvb is faster), each from figures of this one run.\n\n",
-        o.threads, o.reps
+         (above 1: kvb is faster), each from figures of this one run.{}\n\n",
+        o.threads,
+        o.reps,
+        match &o.activations {
+            Some(a) => format!(" kvb ran with `--activations {a}`."),
+            None => String::new(),
+        }
     );
     s += "## Time to first token\n\n";
     s += &table_header(&["workload", "prompt tokens", "kvb"], peers);
