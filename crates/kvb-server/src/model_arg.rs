@@ -74,8 +74,8 @@ pub fn load_engine<B: ModelBackend>(
             WeightPrecision::Q8_0 => "q8_0",
         },
         match m.model.activation_precision() {
-            ActivationPrecision::F32 => "",
-            ActivationPrecision::Q8 => ", 8-bit activations",
+            ActivationPrecision::F32 => String::new(),
+            ActivationPrecision::Q8 => format!(", 8-bit activations on {}", q8_kernel()),
         }
     );
     let explicit = config.max_pool_bytes.is_some();
@@ -95,4 +95,16 @@ pub fn load_engine<B: ModelBackend>(
         }
     );
     Ok(engine)
+}
+
+/// What the 8-bit products run on (only the CPU backend runs them).
+fn q8_kernel() -> &'static str {
+    #[cfg(feature = "ndarray")]
+    {
+        kvb_model::model::int8::kernel_name()
+    }
+    #[cfg(not(feature = "ndarray"))]
+    {
+        "the CPU"
+    }
 }

@@ -33,7 +33,7 @@ mod avx2;
 mod avx512;
 
 pub use matrix::IntDotMatrix;
-pub use products::matmul;
+pub use products::{kernel_name, matmul};
 pub use rows::QuantizedRows;
 
 /// Values per activation block and per weight block (ggml's block of 32).

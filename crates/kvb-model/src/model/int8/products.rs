@@ -64,6 +64,18 @@ impl Kernel {
     }
 }
 
+/// The instructions the 8-bit products run on here, for messages: `AVX-512 VNNI`, `AVX2`, or
+/// `portable loops (slow)`.
+pub fn kernel_name() -> &'static str {
+    match Kernel::detect() {
+        Kernel::Portable => "portable loops (slow)",
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx2 => "AVX2",
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Vnni512 => "AVX-512 VNNI",
+    }
+}
+
 /// `y [m, n] = x [m, k] · w` with `x` quantized to 8 bits per value ([`QuantizedRows`]).
 pub fn matmul(x: &[f32], m: usize, w: &IntDotMatrix) -> Vec<f32> {
     matmul_quantized(&QuantizedRows::new(x, m, w.k()), w, Kernel::detect())
