@@ -132,7 +132,9 @@ fn columns(
 }
 
 /// The definition: rows `r0..r0 + rows` of `a` against group `g`'s 16 columns, into `out`
-/// (row `r`'s lanes at `r * 16`), summing each output as the parent module says.
+/// (row `r`'s lanes at `r * 16`), summing each output as the parent module says. Each block's
+/// columns are decoded once for all the rows, and the integer dot products are plain loops the
+/// compiler vectorises (this runs where no kernel does, on ARM too).
 pub(super) fn portable(
     a: &QuantizedRows,
     r0: usize,
@@ -142,26 +144,31 @@ pub(super) fn portable(
     out: &mut [f32],
 ) {
     let blocks = a.k / BLOCK;
-    for r in 0..rows {
-        let row = r0 + r;
-        for lane in 0..LANES {
+    let mut y = [[0f32; LANES]; MAX_TILE_ROWS];
+    for b in 0..blocks {
+        let columns: [(f32, f32, [i32; BLOCK]); LANES] = std::array::from_fn(|lane| {
             let j = g * LANES + lane;
-            let mut y = 0f32;
-            for b in 0..blocks {
-                let (scale, offset, q) = if j < w.n {
-                    w.stored(j, b)
-                } else {
-                    (0.0, 0.0, [0; BLOCK])
-                };
-                let x = &a.q[row * a.k + b * BLOCK..][..BLOCK];
+            if j < w.n {
+                w.stored(j, b)
+            } else {
+                (0.0, 0.0, [0; BLOCK])
+            }
+        });
+        for (r, y) in y.iter_mut().enumerate().take(rows) {
+            let row = r0 + r;
+            let x = &a.q[row * a.k + b * BLOCK..][..BLOCK];
+            let at = row * blocks + b;
+            let (dx, sx) = (a.scale[at], a.scaled_sum[at]);
+            for (y, (scale, offset, q)) in y.iter_mut().zip(&columns) {
                 let isum: i32 = q.iter().zip(x).map(|(&q, &x)| q * x as i32).sum();
-                let at = row * blocks + b;
-                y = (isum as f32).mul_add(scale * a.scale[at], y);
+                *y = (isum as f32).mul_add(scale * dx, *y);
                 if w.has_offsets {
-                    y = offset.mul_add(a.scaled_sum[at], y);
+                    *y = offset.mul_add(sx, *y);
                 }
             }
-            out[r * LANES + lane] = y;
         }
+    }
+    for (r, y) in y.iter().enumerate().take(rows) {
+        out[r * LANES..(r + 1) * LANES].copy_from_slice(y);
     }
 }
