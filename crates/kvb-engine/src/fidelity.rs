@@ -390,7 +390,8 @@ pub struct NoiseFloor<B: ModelBackend> {
     stored: Vec<(KvPrecision, Engine<B>)>,
     /// Where the engine's products run in f32 (a bf16 forward is a change of their f32).
     bf16: Option<Engine<B>>,
-    /// Where the weights are integers and the engine's products run in f32.
+    /// Where the model takes 8-bit activations ([`kvb_model::Model::takes_q8_activations`]) and
+    /// the engine's products run in f32.
     q8: Option<Engine<B>>,
 }
 
@@ -420,7 +421,7 @@ impl<B: ModelBackend> NoiseFloor<B> {
         } else {
             None
         };
-        let q8 = if f32_products && engine.model().has_quantized_weights() {
+        let q8 = if f32_products && engine.model().takes_q8_activations() {
             let model = engine
                 .model()
                 .clone()

@@ -268,3 +268,26 @@ proptest! {
         prop_assert_eq!(kls.len(), rows.len());
     }
 }
+
+/// A model with quantized weights that no 8-bit product takes (llama.cpp's Q6_K file: 16-weight
+/// sub-blocks) still gets its noise floor, without the q8 row: the floor asks the model, not
+/// the weights' format, whether 8-bit activations apply (it failed outright before).
+#[test]
+fn the_noise_floor_skips_q8_activations_where_no_weight_takes_them() {
+    let gguf = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/llama-cpp/model.q6_k.gguf");
+    let e = kvb_engine::Engine::<kvb_model::backends::Cpu>::from_pretrained(
+        &gguf,
+        config(),
+        &Default::default(),
+    )
+    .unwrap();
+    assert!(e.model().has_quantized_weights());
+    assert!(!e.model().takes_q8_activations());
+    let floor = NoiseFloor::new(&e).unwrap();
+    let tokens: Vec<u32> = (0..20).map(|i| (i * 7 + 3) % 200).collect();
+    let rows = floor.compare(&e.reference(&tokens, 4).unwrap()).unwrap();
+    let kinds: Vec<Compared> = rows.iter().map(|r| r.compared).collect();
+    assert!(kinds.contains(&Compared::Bf16Forward), "{kinds:?}");
+    assert!(!kinds.contains(&Compared::Q8Activations), "{kinds:?}");
+}

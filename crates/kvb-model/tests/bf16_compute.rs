@@ -7,26 +7,8 @@
 
 mod common;
 
-use common::{fixtures, read_f32, B};
-use kvb_model::{load_pretrained, ComputePrecision, LogitsFor, Model};
-
-fn logits(model: &Model<B>, ids: &[u32]) -> Vec<f32> {
-    let positions: Vec<usize> = (0..ids.len()).collect();
-    let mut cache = model.new_cache();
-    model
-        .forward(ids, &positions, &mut cache, LogitsFor::All)
-        .unwrap()
-        .into_data()
-        .to_vec::<f32>()
-        .unwrap()
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
+use common::{all_logits as logits, fixtures, max_abs_diff as max_diff, read_f32, B};
+use kvb_model::{load_pretrained, ComputePrecision};
 
 fn mean_diff(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).sum::<f32>() / a.len() as f32

@@ -15,7 +15,7 @@ mod common;
 
 use common::{fixtures, read_f32, B};
 use kvb_model::gguf::GgufModel;
-use kvb_model::{LogitsFor, Model, WeightPrecision};
+use kvb_model::{Model, WeightPrecision};
 
 /// Largest difference from the exact logits, as a share of their standard deviation (f32
 /// sums against f64 ones).
@@ -67,14 +67,7 @@ fn logits(path: &std::path::Path, tokens: &[u32], precision: WeightPrecision) ->
         &mut |_, _| {},
     )
     .unwrap();
-    let mut cache = model.new_cache();
-    let positions: Vec<usize> = (0..tokens.len()).collect();
-    model
-        .forward(tokens, &positions, &mut cache, LogitsFor::All)
-        .unwrap()
-        .into_data()
-        .to_vec()
-        .unwrap()
+    common::all_logits(&model, tokens)
 }
 
 fn spread(values: &[f32]) -> f32 {

@@ -7,27 +7,12 @@
 
 mod common;
 
-use common::{fixtures, random_model_dir, read_f32, tiny_llama_config, B};
-use kvb_model::gguf::GgufModel;
-use kvb_model::{
-    load_pretrained, ActivationPrecision, LoadOptions, LogitsFor, Model, WeightPrecision,
+use common::{
+    all_logits as logits, fixtures, max_abs_diff as max_diff, random_model_dir, read_f32,
+    tiny_llama_config, B,
 };
-
-fn logits(model: &Model<B>, tokens: &[u32]) -> Vec<f32> {
-    let mut cache = model.new_cache();
-    let positions: Vec<usize> = (0..tokens.len()).collect();
-    model
-        .forward(tokens, &positions, &mut cache, LogitsFor::All)
-        .unwrap()
-        .into_data()
-        .to_vec()
-        .unwrap()
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()))
-}
+use kvb_model::gguf::GgufModel;
+use kvb_model::{load_pretrained, ActivationPrecision, LoadOptions, Model, WeightPrecision};
 
 /// For the files whose every projection is in 32-weight integer blocks (Q4_0, Q4_1, Q8_0): the
 /// largest logit difference from the exact logits with 8-bit activations, against llama.cpp's.
@@ -134,4 +119,21 @@ fn a_q8_model_has_no_bf16_forward() {
     let q8 = load(dir.path(), Q8).unwrap();
     assert!(q8.with_bf16_compute().is_err());
     assert!(q8.with_activations(ActivationPrecision::F32).is_err());
+}
+
+/// Whether a model takes 8-bit activations is decided by its weights' blocks: Q4_0's integer
+/// blocks of 32 do, Q6_K's 16-weight sub-blocks do not (and asking for it is then an error).
+#[test]
+fn the_model_says_whether_it_takes_q8_activations() {
+    let dir = fixtures().join("llama-cpp");
+    let model = |name: &str| {
+        let gguf = GgufModel::open(&dir.join(format!("model.{name}.gguf"))).unwrap();
+        let config = gguf.config(true).unwrap();
+        Model::<B>::load(&config, &gguf, &Default::default(), &mut |_, _| {}).unwrap()
+    };
+    assert!(model("q4_0").takes_q8_activations());
+    let q6_k = model("q6_k");
+    assert!(q6_k.has_quantized_weights() && !q6_k.takes_q8_activations());
+    let err = q6_k.with_activations(ActivationPrecision::Q8).unwrap_err();
+    assert!(err.to_string().contains("blocks of 32"), "{err}");
 }

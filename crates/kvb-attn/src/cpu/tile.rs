@@ -249,6 +249,9 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// One softmax step over a row, its running max and its running sum.
+    type Step<'a> = dyn Fn(&mut [f32], &mut f32, &mut f32) -> Option<f32> + 'a;
+
     proptest! {
         /// Every compiled form of the softmax step (portable, AVX2, AVX-512 where the CPU has
         /// them) gives the same bits: exponentials, sum, running max and sum, rescale.
@@ -260,7 +263,7 @@ mod tests {
             running_sum in 0f32..100.0,
         ) {
             let visible = row.len().saturating_sub(hidden).max(1);
-            let run = |step: &dyn Fn(&mut [f32], &mut f32, &mut f32) -> Option<f32>| {
+            let run = |step: &Step<'_>| {
                 let (mut r, mut m, mut s) = (row.clone(), running_max, running_sum);
                 let rescale = step(&mut r, &mut m, &mut s);
                 (r, m, s, rescale)

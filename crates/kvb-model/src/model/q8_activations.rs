@@ -48,6 +48,11 @@ impl std::str::FromStr for ActivationPrecision {
 
 #[cfg(feature = "ndarray")]
 impl<B: ModelBackend> Linear<B> {
+    /// Whether the weight is one [`super::int8::IntDotMatrix`] takes.
+    fn takes_q8_activations(&self) -> bool {
+        matches!(&self.weight, LinearWeight::Packed(p) if super::int8::IntDotMatrix::takes(p))
+    }
+
     /// The projection with a packed integer weight re-laid out for 8-bit activations; others
     /// (f32, 16-bit floats, Q6_K) unchanged.
     fn with_q8_activations(self) -> Self {
@@ -89,6 +94,25 @@ impl<B: ModelBackend> Model<B> {
         self.into_q8_activations()
     }
 
+    /// Whether [`Model::with_activations`] can give this model 8-bit activations: the backend
+    /// runs packed weights (the CPU's) and some layer projection is held in integer blocks of 32.
+    /// (A fidelity check asks before it adds the 8-bit row to its noise floor.)
+    pub fn takes_q8_activations(&self) -> bool {
+        #[cfg(feature = "ndarray")]
+        {
+            B::runs_packed_weights()
+                && self
+                    .blocks
+                    .iter()
+                    .flat_map(|b| [&b.qkv, &b.o, &b.gate_up, &b.down])
+                    .any(Linear::takes_q8_activations)
+        }
+        #[cfg(not(feature = "ndarray"))]
+        {
+            false
+        }
+    }
+
     #[cfg(feature = "ndarray")]
     fn into_q8_activations(mut self) -> Result<Self> {
         use super::int8::IntDotMatrix;
@@ -97,6 +121,13 @@ impl<B: ModelBackend> Model<B> {
             return Err(ModelError::Unsupported(
                 "8-bit activations on this backend (its products run in f32; the 8-bit kernels \
                  are the CPU's)"
+                    .into(),
+            ));
+        }
+        if !self.takes_q8_activations() {
+            return Err(ModelError::Unsupported(
+                "8-bit activations with weights that are not integers in blocks of 32 (Q4_0, \
+                 Q4_1, Q8_0, Q4_K, Q5_K); add --weights q8_0 to quantize float weights"
                     .into(),
             ));
         }
@@ -117,18 +148,6 @@ impl<B: ModelBackend> Model<B> {
             for l in [&mut b.qkv, &mut b.o, &mut b.gate_up, &mut b.down] {
                 *l = l.clone().with_q8_activations();
             }
-        }
-        let converted = self
-            .blocks
-            .iter()
-            .flat_map(|b| [&b.qkv, &b.o, &b.gate_up, &b.down])
-            .any(|l| matches!(l.weight, LinearWeight::IntDot(_)));
-        if !converted {
-            return Err(ModelError::Unsupported(
-                "8-bit activations with weights that are not integers in blocks of 32 (Q4_0, \
-                 Q4_1, Q8_0, Q4_K, Q5_K); add --weights q8_0 to quantize float weights"
-                    .into(),
-            ));
         }
         self.activations = ActivationPrecision::Q8;
         Ok(self)

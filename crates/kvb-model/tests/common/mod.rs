@@ -15,6 +15,24 @@ pub fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
 }
 
+/// The logits of every position of one prefill of `ids` at positions `0..`.
+pub fn all_logits(model: &kvb_model::Model<B>, ids: &[u32]) -> Vec<f32> {
+    let positions: Vec<usize> = (0..ids.len()).collect();
+    let mut cache = model.new_cache();
+    model
+        .forward(ids, &positions, &mut cache, kvb_model::LogitsFor::All)
+        .unwrap()
+        .into_data()
+        .to_vec::<f32>()
+        .unwrap()
+}
+
+/// The largest absolute difference between two equally long runs of values.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()))
+}
+
 /// Reads a raw little-endian f32 file.
 pub fn read_f32(path: &Path) -> Vec<f32> {
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));

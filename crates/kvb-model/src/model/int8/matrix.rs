@@ -44,16 +44,17 @@ impl std::fmt::Debug for IntDotMatrix {
 }
 
 impl IntDotMatrix {
-    /// `p` re-laid out, or `None` if its cells are not integers in blocks of 32 rows.
+    /// Whether [`IntDotMatrix::from_packed`] takes `p`: integer cells of 32 rows.
+    pub fn takes(p: &PackedMatrix) -> bool {
+        matches!(p.cell_values(), CellValues::Nibbles | CellValues::Bytes) && p.cell_rows() == BLOCK
+    }
+
+    /// `p` re-laid out, or `None` where [`IntDotMatrix::takes`] does not take it.
     pub fn from_packed(p: &PackedMatrix) -> Option<Self> {
-        let nibbles = match p.cell_values() {
-            CellValues::Nibbles => true,
-            CellValues::Bytes => false,
-            CellValues::Bf16 | CellValues::F16 => return None,
-        };
-        if p.cell_rows() != BLOCK {
+        if !Self::takes(p) {
             return None;
         }
+        let nibbles = p.cell_values() == CellValues::Nibbles;
         let (k, n) = (p.k(), p.n());
         let blocks = k / BLOCK;
         let mut out = IntDotMatrix {

@@ -1,6 +1,7 @@
 //! Input rows quantized to 8 bits per value, one scale per block of 32 (llama.cpp's Q8_1 form:
 //! `dx = max |x| / 127`, `q = round(x / dx)`, and the block's sum kept beside it).
 
+use super::products::Kernel;
 use super::BLOCK;
 use rayon::prelude::*;
 
@@ -41,9 +42,11 @@ impl QuantizedRows {
             scaled_sum: vec![0.0; m * blocks],
             unsigned_correction: vec![0; m * blocks],
         };
+        // Chosen once per call, with the products' kernel (whose CPU has its instructions).
+        let kernel = Kernel::detect();
         let rows = |(((q, scale), sum), (fix, x)): RowsOut| {
             for (i, xb) in x.chunks_exact(BLOCK).enumerate() {
-                let (d, total) = quantize_block(xb, &mut q[i * BLOCK..(i + 1) * BLOCK]);
+                let (d, total) = quantize_block(kernel, xb, &mut q[i * BLOCK..(i + 1) * BLOCK]);
                 scale[i] = d;
                 sum[i] = d * total as f32;
                 fix[i] = -128 * total;
@@ -91,13 +94,15 @@ type RowsOut<'a> = (
     (&'a mut [i32], &'a [f32]),
 );
 
-/// Quantizes one block into `q`; returns its scale and the sum of its integers. A block of
-/// zeros (or of non-finite values, which no scale represents) has scale 0.
-fn quantize_block(x: &[f32], q: &mut [i8]) -> (f32, i32) {
+/// Quantizes one block into `q` with `kernel`'s instructions (one [`Kernel::detect`] found);
+/// returns its scale and the sum of its integers. A block of zeros (or of non-finite values,
+/// which no scale represents) has scale 0.
+fn quantize_block(kernel: Kernel, x: &[f32], q: &mut [i8]) -> (f32, i32) {
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = kernel;
     #[cfg(target_arch = "x86_64")]
     if x.len() == BLOCK && q.len() == BLOCK {
-        use super::products::Kernel;
-        match Kernel::detect() {
+        match kernel {
             // SAFETY: the VNNI kernel's CPU has AVX-512F; both slices hold one block.
             Kernel::Vnni512 => return unsafe { quantize_block_avx512(x, q) },
             // SAFETY: the AVX2 kernel's CPU has AVX2; both slices hold one block.

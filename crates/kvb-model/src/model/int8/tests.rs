@@ -22,6 +22,20 @@ fn exact(a: &QuantizedRows, w: &IntDotMatrix) -> Vec<f64> {
     y
 }
 
+/// A weight of `INTEGER_FORMATS[format]` re-laid out, `m` input rows for it, and its `k`.
+fn operands(
+    format: usize,
+    blocks_per_row: usize,
+    n: usize,
+    m: usize,
+    seed: u32,
+) -> (IntDotMatrix, Vec<f32>, usize) {
+    let (packed, k) = packed_matrix(INTEGER_FORMATS[format], blocks_per_row, n, seed);
+    let w = IntDotMatrix::from_packed(&packed).expect("integer cells of 32");
+    let x = (0..m * k).map(|i| spread(i, seed, 70.0)).collect();
+    (w, x, k)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
@@ -33,9 +47,7 @@ proptest! {
         m in 1usize..80, blocks_per_row in 1usize..12, n in 1usize..70,
         format in 0usize..2, seed in 0u32..1000,
     ) {
-        let (packed, k) = packed_matrix(INTEGER_FORMATS[format], blocks_per_row, n, seed);
-        let w = IntDotMatrix::from_packed(&packed).expect("integer cells of 32");
-        let x: Vec<f32> = (0..m * k).map(|i| spread(i, seed, 70.0)).collect();
+        let (w, x, k) = operands(format, blocks_per_row, n, m, seed);
         let a = QuantizedRows::new(&x, m, k);
         let want = matmul_quantized(&a, &w, Kernel::Portable);
         for kernel in Kernel::supported() {
@@ -44,7 +56,8 @@ proptest! {
                 prop_assert_eq!(g.to_bits(), e.to_bits(), "{:?}, element {} of [{}, {}]", kernel, i, m, n);
             }
         }
-        let magnitude: f64 = (0..k).map(|_| 1000.0 / 70.0 * 1.0).sum::<f64>();
+        // The largest sum of k products of values up to 1000 / 70 by weights below 1.
+        let magnitude = k as f64 * 1000.0 / 70.0;
         for (g, e) in want.iter().zip(exact(&a, &w)) {
             prop_assert!((*g as f64 - e).abs() <= 1e-5 * magnitude, "{} vs exact {}", g, e);
         }
@@ -57,9 +70,7 @@ proptest! {
         m in 2usize..20, blocks_per_row in 1usize..8, n in 1usize..40,
         format in 0usize..2, seed in 0u32..1000,
     ) {
-        let (packed, k) = packed_matrix(INTEGER_FORMATS[format], blocks_per_row, n, seed);
-        let w = IntDotMatrix::from_packed(&packed).expect("integer cells of 32");
-        let x: Vec<f32> = (0..m * k).map(|i| spread(i, seed, 70.0)).collect();
+        let (w, x, k) = operands(format, blocks_per_row, n, m, seed);
         let together = super::matmul(&x, m, &w);
         for r in 0..m {
             let alone = super::matmul(&x[r * k..(r + 1) * k], 1, &w);
@@ -105,15 +116,21 @@ proptest! {
     }
 }
 
-/// Half-precision and 16-row cells are not taken (they keep the f32 products).
+/// Half-precision and 16-row cells are not taken (they keep the f32 products); integer cells
+/// of 32 are.
 #[test]
 fn float_and_16_row_cells_are_declined() {
     for format in [2, 3, 4] {
         let (packed, _) = packed_matrix(format, 8, 24, 1);
+        assert!(!IntDotMatrix::takes(&packed), "format {format}");
         assert!(
             IntDotMatrix::from_packed(&packed).is_none(),
             "format {format}"
         );
+    }
+    for format in INTEGER_FORMATS {
+        let (packed, _) = packed_matrix(format, 8, 24, 1);
+        assert!(IntDotMatrix::takes(&packed), "format {format}");
     }
 }
 
