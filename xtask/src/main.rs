@@ -275,15 +275,18 @@ fn bench_attn(args: &[String]) -> Result<()> {
 
 fn bench(args: &[String]) -> Result<()> {
     match args.first().map(String::as_str) {
-        Some("model") => run(cargo().args([
-            "bench",
-            "-p",
-            "kvb-model",
-            "--features",
-            MODEL_FEATURES,
-            "--bench",
-            "model_speed",
-        ])),
+        Some("model") => run(cargo()
+            .args([
+                "bench",
+                "-p",
+                "kvb-model",
+                "--features",
+                MODEL_FEATURES,
+                "--bench",
+                "model_speed",
+                "--",
+            ])
+            .args(&args[1..])),
         // Criterion benches of the cache crates, with short measurement windows: medians of
         // ~2 s of samples each are stable enough to compare, and the whole run stays near 2 min.
         Some("concurrency") => bench::run_concurrency_only(&args[1..], &kvb_binary()?),

@@ -2,15 +2,16 @@
 //! rate this machine reaches at the model's own shapes, measured in the same run (machines are
 //! noisy: read the ratio, not the absolute numbers). Medians of several runs.
 //!
-//! Run with `cargo xtask bench model`.
+//! Run with `cargo xtask bench model [--activations q8] [--batched-only]`: `--activations q8`
+//! loads the model with 8-bit activations; `--batched-only` runs only the decode-step table.
 
 use burn::tensor::{Distribution, Tensor};
 use kvb_model::backends::Cpu;
 use kvb_model::fetch::{ensure_default_model, models_dir_in};
 use kvb_model::generate::{decode, logits_to_vec, GenerateParams};
 use kvb_model::{
-    load_pretrained, ForwardBatch, HostKv, KvPool, LoadOptions, LogitsFor, Model, ModelConfig,
-    SeqRows,
+    load_pretrained, ActivationPrecision, ForwardBatch, HostKv, KvPool, LoadOptions, LogitsFor,
+    Model, ModelConfig, SeqRows,
 };
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -65,15 +66,31 @@ fn matmul_rate(c: &ModelConfig, rows: usize) -> f64 {
 fn main() {
     let dir = models_dir_in(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.."));
     let paths = ensure_default_model(&dir, &mut |l| eprintln!("{l}")).expect("the default model");
+    let args: Vec<String> = std::env::args().collect();
+    let activations = match args.iter().position(|a| a == "--activations") {
+        Some(i) => args
+            .get(i + 1)
+            .and_then(|v| v.parse::<ActivationPrecision>().ok())
+            .expect("--activations takes f32 or q8"),
+        None => ActivationPrecision::F32,
+    };
     // The default model as shipped: its Q4_1 weights stay packed (the f32 folder computes the
     // same bits, slower).
     let m = load_pretrained::<Cpu>(
         &paths.gguf,
-        LoadOptions::default(),
+        LoadOptions {
+            activations,
+            ..LoadOptions::default()
+        },
         &Default::default(),
         &mut |_, _| {},
     )
     .expect("loading the default model");
+    println!("activations: {activations:?}");
+    if args.iter().any(|a| a == "--batched-only") {
+        batched_decode(&m.model);
+        return;
+    }
     let c = m.model.config().clone();
     let text =
         std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/model/mod.rs"))

@@ -1,6 +1,6 @@
 //! The int8 products against their definition and against the f32 products.
 
-use super::products::{matmul_quantized, Kernel};
+use super::products::{columns, matmul_quantized, Kernel};
 use super::{IntDotMatrix, QuantizedRows, BLOCK};
 use crate::model::test_values::{packed_matrix, spread};
 use proptest::prelude::*;
@@ -40,7 +40,8 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
     /// Every kernel gives the portable loop's bits, for any row count (tiles of 1 to 8, several
-    /// passes), width (a last group partly padding) and integer format; and each output is the
+    /// passes), width (a last group partly padding; pairs of groups and a last one alone) and
+    /// integer format; and each output is the
     /// exact product of the quantized rows and the weights to within f32 rounding.
     #[test]
     fn kernels_give_the_definitions_bits(
@@ -52,8 +53,13 @@ proptest! {
         let want = matmul_quantized(&a, &w, Kernel::Portable);
         for kernel in Kernel::supported() {
             let got = matmul_quantized(&a, &w, kernel);
-            for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+            // All columns as one task too: the split over threads gives a task a group or two
+            // at these widths, and a task of many groups runs the two-group tiles.
+            let mut one_task = vec![0f32; m * n];
+            columns(&a, &w, kernel, 0, n, &mut one_task);
+            for (i, ((g, o), e)) in got.iter().zip(&one_task).zip(&want).enumerate() {
                 prop_assert_eq!(g.to_bits(), e.to_bits(), "{:?}, element {} of [{}, {}]", kernel, i, m, n);
+                prop_assert_eq!(o.to_bits(), e.to_bits(), "{:?} in one task, element {} of [{}, {}]", kernel, i, m, n);
             }
         }
         // The largest sum of k products of values up to 1000 / 70 by weights below 1.
