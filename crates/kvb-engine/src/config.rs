@@ -351,6 +351,10 @@ pub struct GenerateOptions {
     /// Return the logits of every generated position ([`crate::GenerationResult::logits`]), not
     /// only the first's: a vocabulary's worth of floats per token.
     pub keep_logits: bool,
+    /// Report each generated token's log-probability and this many of the most likely tokens at
+    /// its position (OpenAI's `logprobs` / `top_logprobs`), on every token event and in
+    /// [`crate::GenerationResult::logprobs`]. `None`: nothing.
+    pub logprobs: Option<usize>,
 }
 
 impl Default for GenerateOptions {
@@ -363,6 +367,7 @@ impl Default for GenerateOptions {
             cacheable_prefix_len: None,
             forced_tokens: Vec::new(),
             keep_logits: false,
+            logprobs: None,
         }
     }
 }

@@ -4,6 +4,7 @@ use crate::config::GenerateOptions;
 use crate::result::{GenerationResult, Started};
 use crate::EngineError;
 use crossbeam::channel::{Receiver, RecvTimeoutError, Sender};
+use kvb_model::generate::TokenLogprobs;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,6 +43,10 @@ pub enum Event {
         token: u32,
         /// Text that became final with it.
         text: String,
+        /// Its log-probability and the most likely tokens, when the request asks
+        /// ([`crate::GenerateOptions::logprobs`]). `None` on the last event of a request whose
+        /// held-back text is released at its end (it repeats the last token).
+        logprobs: Option<TokenLogprobs>,
     },
     /// The request ended: its result, or why it failed (`Cancelled` when cancelled). Boxed: a
     /// result is large, and every token event would otherwise be as large.
@@ -149,7 +154,7 @@ impl RequestHandle {
     ) -> Result<GenerationResult, EngineError> {
         loop {
             match self.events.recv() {
-                Ok(Event::Token { token, text }) => {
+                Ok(Event::Token { token, text, .. }) => {
                     on_token(kvb_model::generate::StreamEvent { token, text: &text })
                 }
                 Ok(Event::Started(_)) => {}

@@ -1,6 +1,6 @@
 //! What a request reports, and what the pool reports.
 
-use kvb_model::generate::StopReason;
+use kvb_model::generate::{StopReason, TokenLogprobs};
 use std::time::Duration;
 
 /// Time spent in each stage of a request.
@@ -90,6 +90,9 @@ pub struct GenerationResult {
     /// Logits of every generated position, in order, with [`crate::GenerateOptions::keep_logits`]
     /// (empty otherwise).
     pub logits: Vec<Vec<f32>>,
+    /// Each generated token's log-probability and most likely alternatives, when
+    /// [`crate::GenerateOptions::logprobs`] asks (empty otherwise).
+    pub logprobs: Vec<TokenLogprobs>,
     /// Why generation ended (`None` when nothing was to be generated).
     pub stop_reason: Option<StopReason>,
 }

@@ -5,7 +5,7 @@ use crate::config::GenerateOptions;
 use crate::plan::Piece;
 use crate::request::Sink;
 use crate::result::{CachedTokens, StageTimes};
-use kvb_model::generate::Continuation;
+use kvb_model::generate::{Continuation, TokenLogprobs};
 use std::collections::VecDeque;
 use std::time::Instant;
 
@@ -47,6 +47,8 @@ pub(crate) struct SeqStats {
     pub first_logits: Vec<f32>,
     /// Every generated position's logits, when the request keeps them.
     pub logits: Vec<Vec<f32>>,
+    /// Every generated token's log-probabilities, when the request asks.
+    pub logprobs: Vec<TokenLogprobs>,
     pub first_token_at: Option<Instant>,
     pub last_token_at: Option<Instant>,
     pub prefill_started: Option<Instant>,

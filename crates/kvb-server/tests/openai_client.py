@@ -83,6 +83,17 @@ streamed = "".join(
 )
 assert streamed == whole.choices[0].text, (streamed, whole.choices[0].text)
 
+# Log-probabilities, as the SDK parses them: one per token, the greedy pick the most likely.
+scored = client.chat.completions.create(
+    model=model, messages=messages, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3
+)
+content = scored.choices[0].logprobs.content
+assert len(content) == scored.usage.completion_tokens, (len(content), scored.usage)
+for t in content:
+    assert t.logprob <= 0 and len(t.top_logprobs) == 3, t
+    assert t.token == t.top_logprobs[0].token and t.logprob == t.top_logprobs[0].logprob, t
+    assert [a.logprob for a in t.top_logprobs] == sorted((a.logprob for a in t.top_logprobs), reverse=True)
+
 # Errors arrive as the SDK's typed exceptions.
 try:
     client.chat.completions.create(model=model, messages=messages, n=2)

@@ -508,3 +508,127 @@ fn greedy_text_from_the_server_equals_kvb_generate() {
     );
     drop(dir);
 }
+
+#[test]
+fn logprobs_come_in_both_shapes_streamed_or_not_and_bad_settings_are_refused() {
+    let (_d, s) = tiny_server(&[]);
+    let mut req = chat("Name three rivers.", 6);
+    req["logprobs"] = json!(true);
+    req["top_logprobs"] = json!(3);
+    let (status, _, whole) = post(&s, "/v1/chat/completions", &req);
+    assert_eq!(status, 200, "{whole}");
+    let content = whole["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap();
+    let generated = whole["usage"]["completion_tokens"].as_u64().unwrap() as usize;
+    assert_eq!(content.len(), generated);
+    for t in content {
+        let top = t["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3, "{t}");
+        let lp = |v: &Value| v["logprob"].as_f64().unwrap();
+        assert!(lp(t) <= 0.0, "{t}");
+        assert!(top.windows(2).all(|w| lp(&w[0]) >= lp(&w[1])), "{t}");
+        // Greedy: the token generated is the most likely one.
+        assert_eq!((&t["token"], lp(t)), (&top[0]["token"], lp(&top[0])), "{t}");
+        let bytes: Vec<u8> = t["bytes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b.as_u64().unwrap() as u8)
+            .collect();
+        assert_eq!(bytes, t["token"].as_str().unwrap().as_bytes());
+        let mass: f64 = top.iter().map(|a| lp(a).exp()).sum();
+        assert!(mass <= 1.0 + 1e-5, "{t}");
+    }
+    // Without `logprobs`, none.
+    let (_, _, plain) = post(&s, "/v1/chat/completions", &chat("Name three rivers.", 6));
+    assert!(plain["choices"][0]["logprobs"].is_null());
+
+    // Streamed: each token's chunk carries its entry, the same as the whole answer's.
+    req["stream"] = json!(true);
+    let r = client()
+        .post(s.url("/v1/chat/completions"))
+        .json(&req)
+        .send()
+        .unwrap();
+    let streamed: Vec<Value> = sse_data(&r.text().unwrap())
+        .iter()
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str::<Value>(d).unwrap())
+        .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array().cloned())
+        .inspect(|c| assert_eq!(c.len(), 1))
+        .map(|mut c| c.remove(0))
+        .collect();
+    assert_eq!(&streamed, content);
+
+    // Completions: the legacy shape, offsets counting the tokens' characters.
+    let body = json!({"model": "tiny", "prompt": "Once upon", "max_tokens": 5, "temperature": 0, "logprobs": 2});
+    let (status, _, v) = post(&s, "/v1/completions", &body);
+    assert_eq!(status, 200, "{v}");
+    let l = &v["choices"][0]["logprobs"];
+    let tokens = l["tokens"].as_array().unwrap();
+    assert_eq!(
+        tokens.len() as u64,
+        v["usage"]["completion_tokens"].as_u64().unwrap()
+    );
+    assert_eq!(l["token_logprobs"].as_array().unwrap().len(), tokens.len());
+    let mut offset = 0;
+    for (i, t) in tokens.iter().enumerate() {
+        assert_eq!(l["text_offset"][i].as_u64().unwrap() as usize, offset);
+        offset += t.as_str().unwrap().chars().count();
+        let top = l["top_logprobs"][i].as_object().unwrap();
+        assert!(!top.is_empty() && top.len() <= 2, "{top:?}");
+        assert!(l["token_logprobs"][i].as_f64().unwrap() <= 0.0);
+    }
+    let mut streamed_body = body.clone();
+    streamed_body["stream"] = json!(true);
+    let r = client()
+        .post(s.url("/v1/completions"))
+        .json(&streamed_body)
+        .send()
+        .unwrap();
+    let offsets: Vec<Value> = sse_data(&r.text().unwrap())
+        .iter()
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str::<Value>(d).unwrap())
+        .filter_map(|c| {
+            c["choices"][0]["logprobs"]["text_offset"]
+                .as_array()
+                .cloned()
+        })
+        .flatten()
+        .collect();
+    assert_eq!(&offsets, l["text_offset"].as_array().unwrap());
+
+    // Settings that cannot be served name their field.
+    for (path, extra, param) in [
+        (
+            "/v1/chat/completions",
+            json!({"top_logprobs": 2}),
+            "top_logprobs",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"logprobs": true, "top_logprobs": 21}),
+            "top_logprobs",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"logprobs": "yes"}),
+            "logprobs",
+        ),
+        ("/v1/completions", json!({"logprobs": 21}), "logprobs"),
+    ] {
+        let mut body = if path == "/v1/completions" {
+            json!({"model": "tiny", "prompt": "Once"})
+        } else {
+            chat("hi", 2)
+        };
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let (status, _, e) = post(&s, path, &body);
+        assert_eq!(status, 400, "{body} -> {e}");
+        assert_eq!(e["error"]["param"], param, "{e}");
+    }
+}

@@ -7,7 +7,7 @@ use crate::request::Event;
 use crate::result::{GenerationResult, Started};
 use crate::sequence::{Sequence, Work};
 use crate::EngineError;
-use kvb_model::generate::logits_to_vec;
+use kvb_model::generate::{logits_to_vec, token_logprobs};
 use kvb_model::{ForwardBatch, LogitsFor, ModelBackend, SeqRows};
 use std::time::Instant;
 
@@ -210,9 +210,17 @@ impl<B: ModelBackend> Scheduler<B> {
         }
         s.stats.last_token_at = Some(now);
         s.tokens.push(step.token);
+        let logprobs = s
+            .options
+            .logprobs
+            .map(|top| token_logprobs(logits, step.token, top));
+        if let Some(l) = &logprobs {
+            s.stats.logprobs.push(l.clone());
+        }
         s.sink.send(Event::Token {
             token: step.token,
             text: step.text,
+            logprobs,
         });
         Ok(step.stop.is_some())
     }
@@ -284,7 +292,11 @@ impl<B: ModelBackend> Scheduler<B> {
         let rest = s.run.finish();
         if !rest.is_empty() {
             let token = *s.run.tokens().last().unwrap_or(&0);
-            s.sink.send(Event::Token { token, text: rest });
+            s.sink.send(Event::Token {
+                token,
+                text: rest,
+                logprobs: None,
+            });
         }
         self.index_blocks(&mut s, true);
         let t = Instant::now();
@@ -367,6 +379,7 @@ fn result_of(s: &mut Sequence) -> GenerationResult {
         stages: st.stages.clone(),
         first_logits: std::mem::take(&mut st.first_logits),
         logits: std::mem::take(&mut st.logits),
+        logprobs: std::mem::take(&mut st.logprobs),
         stop_reason: s.run.stop(),
     }
 }

@@ -1,10 +1,12 @@
 //! Generation: prefill, then one token at a time until EOS, a stop string or the token budget.
 
 mod continuation;
+mod logprobs;
 mod sampler;
 mod text_stream;
 
 pub use continuation::{Continuation, Step};
+pub use logprobs::{token_logprobs, TokenLogprobs};
 pub use sampler::{argmax, Sampler, SamplingParams};
 pub use text_stream::TextStream;
 

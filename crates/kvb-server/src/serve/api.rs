@@ -2,7 +2,6 @@
 //! Each derives its OpenAPI schema, so `/openapi.json` describes exactly what is parsed and sent.
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use utoipa::ToSchema;
 
 /// `stop`: one string or a list of them.
@@ -101,6 +100,12 @@ pub struct ChatCompletionRequest {
     /// The conversation, rendered with the model's chat template.
     #[schema(min_items = 1)]
     pub messages: Vec<ChatMessageIn>,
+    /// Return each generated token's log-probability (in `choices[].logprobs.content`).
+    #[serde(default)]
+    pub logprobs: bool,
+    /// With `logprobs`, how many of the most likely tokens to list at each position.
+    #[schema(minimum = 0, maximum = 20)]
+    pub top_logprobs: Option<u32>,
     /// Model, sampling and streaming settings.
     #[serde(flatten)]
     pub sampling: Sampling,
@@ -123,6 +128,10 @@ pub enum Prompt {
 pub struct CompletionRequest {
     /// Raw prompt, used as given.
     pub prompt: Prompt,
+    /// Return each generated token's log-probability and this many of the most likely tokens at
+    /// its position (in `choices[].logprobs`).
+    #[schema(minimum = 0, maximum = 20)]
+    pub logprobs: Option<u32>,
     /// Model, sampling and streaming settings.
     #[serde(flatten)]
     pub sampling: Sampling,
@@ -164,9 +173,8 @@ pub struct ChatChoice {
     pub index: u32,
     /// The answer.
     pub message: ChatMessageOut,
-    /// Always null.
-    #[schema(value_type = Option<Object>)]
-    pub logprobs: Option<Value>,
+    /// The tokens' log-probabilities when the request asks (`logprobs`), else null.
+    pub logprobs: Option<ChatLogprobs>,
     /// `stop` (end of sequence or a stop string) or `length` (token limit or context full).
     pub finish_reason: &'static str,
 }
@@ -206,9 +214,8 @@ pub struct ChatChunkChoice {
     pub index: u32,
     /// What this chunk adds.
     pub delta: Delta,
-    /// Always null.
-    #[schema(value_type = Option<Object>)]
-    pub logprobs: Option<Value>,
+    /// This chunk's token's log-probability when the request asks (`logprobs`), else null.
+    pub logprobs: Option<ChatLogprobs>,
     /// Set in the last chunk of the answer.
     pub finish_reason: Option<&'static str>,
 }
@@ -237,9 +244,8 @@ pub struct CompletionChoice {
     pub index: u32,
     /// The generated text (a streamed chunk: the new text).
     pub text: String,
-    /// Always null.
-    #[schema(value_type = Option<Object>)]
-    pub logprobs: Option<Value>,
+    /// The tokens' log-probabilities when the request asks (`logprobs`), else null.
+    pub logprobs: Option<CompletionLogprobs>,
     /// `stop` or `length`; null in a streamed chunk before the last.
     pub finish_reason: Option<&'static str>,
 }
@@ -333,6 +339,52 @@ pub struct ErrorDetail {
     pub param: Option<String>,
     /// A code for programs (`context_length_exceeded`, `model_not_found`, ...).
     pub code: Option<&'static str>,
+}
+
+/// A token and its log-probability, among the most likely at a position.
+#[derive(Serialize, Debug, Clone, ToSchema)]
+pub struct TopLogprob {
+    /// The token's text.
+    pub token: String,
+    /// Its natural log-probability under the model's distribution (before temperature and
+    /// top-p).
+    pub logprob: f32,
+    /// The UTF-8 bytes of `token`.
+    pub bytes: Vec<u8>,
+}
+
+/// A generated token's log-probability, in a chat answer.
+#[derive(Serialize, Debug, Clone, ToSchema)]
+pub struct ChatTokenLogprob {
+    /// The token's text.
+    pub token: String,
+    /// Its natural log-probability under the model's distribution (before temperature and
+    /// top-p).
+    pub logprob: f32,
+    /// The UTF-8 bytes of `token`.
+    pub bytes: Vec<u8>,
+    /// The most likely tokens at this position, most likely first (`top_logprobs` of them).
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+/// A chat answer's (or chunk's) log-probabilities.
+#[derive(Serialize, Debug, Clone, ToSchema)]
+pub struct ChatLogprobs {
+    /// One entry per generated token.
+    pub content: Vec<ChatTokenLogprob>,
+}
+
+/// A completion's (or chunk's) log-probabilities, in the legacy completions shape.
+#[derive(Serialize, Debug, Clone, ToSchema)]
+pub struct CompletionLogprobs {
+    /// Each generated token's text.
+    pub tokens: Vec<String>,
+    /// Each one's natural log-probability (before temperature and top-p).
+    pub token_logprobs: Vec<f32>,
+    /// At each position, the most likely tokens' texts and log-probabilities.
+    pub top_logprobs: Vec<std::collections::BTreeMap<String, f32>>,
+    /// Where each token's text starts in the generated text, in characters.
+    pub text_offset: Vec<usize>,
 }
 
 /// One server-sent event of a streamed answer, as a client's SSE parser sees it: `data` holds a

@@ -93,10 +93,20 @@ pub fn field<T: DeserializeOwned>(v: &Value, name: &str) -> Result<T, ApiError> 
     })
 }
 
+/// The optional field `name` of `v` (absent or null: `None`), read as a `T`.
+pub fn optional_field<T: DeserializeOwned>(v: &Value, name: &str) -> Result<Option<T>, ApiError> {
+    match v.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(_) => field(v, name).map(Some),
+    }
+}
+
 impl JsonBody for ChatCompletionRequest {
     fn from_json(v: &Value) -> Result<Self, ApiError> {
         Ok(ChatCompletionRequest {
             messages: field(v, "messages")?,
+            logprobs: optional_field(v, "logprobs")?.unwrap_or(false),
+            top_logprobs: optional_field(v, "top_logprobs")?,
             sampling: whole(v)?,
         })
     }
@@ -106,6 +116,7 @@ impl JsonBody for CompletionRequest {
     fn from_json(v: &Value) -> Result<Self, ApiError> {
         Ok(CompletionRequest {
             prompt: field(v, "prompt")?,
+            logprobs: optional_field(v, "logprobs")?,
             sampling: whole(v)?,
         })
     }

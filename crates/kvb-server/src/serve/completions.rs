@@ -6,13 +6,14 @@ use super::app::{AppState, Arrival, Ticket};
 use super::body::ApiJson;
 use super::bridge::forward;
 use super::error::ApiError;
+use super::logprobs;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use futures_util::stream::{self, Stream};
-use kvb_engine::{Event, GenerateOptions, GenerationResult, Started, StopReason};
+use kvb_engine::{Event, GenerateOptions, GenerationResult, Started, StopReason, TokenLogprobs};
 use kvb_model::generate::SamplingParams;
 use kvb_model::ChatMessage;
 use std::convert::Infallible;
@@ -79,11 +80,23 @@ pub async fn chat_completions(
             .map_err(|e| {
                 ApiError::bad_request(format!("the chat template failed: {e}"), Some("messages"))
             })?;
+        let logprobs = match (req.logprobs, req.top_logprobs) {
+            (_, Some(n)) if n > MAX_TOP_LOGPROBS => Err(ApiError::bad_request(
+                format!("`top_logprobs` must be at most {MAX_TOP_LOGPROBS}"),
+                Some("top_logprobs"),
+            )),
+            (false, Some(_)) => Err(ApiError::bad_request(
+                "`top_logprobs` needs `logprobs`: true",
+                Some("top_logprobs"),
+            )),
+            (true, top) => Ok(Some(top.unwrap_or(0) as usize)),
+            (false, None) => Ok(None),
+        }?;
         job(
             &app,
             Kind::Chat,
             PromptInput::Text(text),
-            req.sampling,
+            (req.sampling, logprobs),
             arrival,
         )
     })();
@@ -119,7 +132,15 @@ pub async fn completions(
             Some("prompt"),
         )),
     };
-    match prompt.and_then(|p| job(&app, Kind::Text, p, req.sampling, arrival)) {
+    let logprobs = match req.logprobs {
+        Some(n) if n > MAX_TOP_LOGPROBS => Err(ApiError::bad_request(
+            format!("`logprobs` must be at most {MAX_TOP_LOGPROBS}"),
+            Some("logprobs"),
+        )),
+        n => Ok(n.map(|n| n as usize)),
+    };
+    let sampling = logprobs.map(|l| (req.sampling, l));
+    match prompt.and_then(|p| job(&app, Kind::Text, p, sampling?, arrival)) {
         Ok(job) => run(app, job).await,
         Err(e) => refuse(&app, Kind::Text, e, arrival),
     }
@@ -174,12 +195,16 @@ fn message(m: &ChatMessageIn, i: usize) -> Result<ChatMessage, ApiError> {
     Ok(ChatMessage::new(role, content))
 }
 
-/// Checks the settings shared by both endpoints.
+/// The most likely tokens a request may ask to see at each position (OpenAI's bound for chat).
+const MAX_TOP_LOGPROBS: u32 = 20;
+
+/// Checks the settings shared by both endpoints; `logprobs` is how many of the most likely
+/// tokens to report beside each generated one (`None`: no log-probabilities).
 fn job(
     app: &AppState,
     kind: Kind,
     prompt: PromptInput,
-    s: Sampling,
+    (s, logprobs): (Sampling, Option<usize>),
     arrival: Arrival,
 ) -> Result<Job, ApiError> {
     if s.model != app.settings.model_name {
@@ -244,6 +269,7 @@ fn job(
             },
             stop_strings,
             cacheable_prefix_len: None,
+            logprobs,
             ..Default::default()
         },
         stream: s.stream,
@@ -452,7 +478,10 @@ async fn whole_answer(
                     role: "assistant",
                     content: r.output_text.clone(),
                 },
-                logprobs: None,
+                logprobs: job
+                    .options
+                    .logprobs
+                    .map(|_| logprobs::chat(app.engine.tokenizer(), &r.logprobs)),
                 finish_reason: finish_reason(&r),
             }],
             usage: usage(&r),
@@ -466,7 +495,10 @@ async fn whole_answer(
             choices: vec![CompletionChoice {
                 index: 0,
                 text: r.output_text.clone(),
-                logprobs: None,
+                logprobs: job
+                    .options
+                    .logprobs
+                    .map(|_| logprobs::completion(app.engine.tokenizer(), &r.logprobs, 0)),
                 finish_reason: Some(finish_reason(&r)),
             }],
             usage: Some(usage(&r)),
@@ -492,6 +524,8 @@ struct StreamState {
     created: u64,
     /// Events ready to go out before the next engine event is read.
     pending: std::collections::VecDeque<SseEvent>,
+    /// Characters of the tokens sent so far (a completion chunk's `text_offset`).
+    token_chars: usize,
     done: bool,
 }
 
@@ -500,9 +534,18 @@ impl StreamState {
         SseEvent::default().data(serde_json::to_string(value).unwrap_or_default())
     }
 
-    /// A chunk carrying `text` (and `role` first, `finish` last).
-    fn chunk(&self, text: Option<String>, role: bool, finish: Option<&'static str>) -> SseEvent {
+    /// A chunk carrying `text` (and `role` first, `finish` last), and its token's
+    /// log-probabilities when the request asks.
+    fn chunk(
+        &mut self,
+        text: Option<String>,
+        role: bool,
+        finish: Option<&'static str>,
+        token: Option<&TokenLogprobs>,
+    ) -> SseEvent {
         let (id, model) = (self.job.id.clone(), self.app.settings.model_name.clone());
+        let tokenizer = self.app.engine.tokenizer();
+        let tokens = token.map(std::slice::from_ref);
         match self.job.kind {
             Kind::Chat => Self::json(&ChatCompletionChunk {
                 id,
@@ -515,7 +558,7 @@ impl StreamState {
                         role: role.then_some("assistant"),
                         content: text,
                     },
-                    logprobs: None,
+                    logprobs: tokens.map(|t| logprobs::chat(tokenizer, t)),
                     finish_reason: finish,
                 }],
                 usage: None,
@@ -528,7 +571,12 @@ impl StreamState {
                 choices: vec![CompletionChoice {
                     index: 0,
                     text: text.unwrap_or_default(),
-                    logprobs: None,
+                    logprobs: tokens.map(|t| {
+                        let l = logprobs::completion(tokenizer, t, self.token_chars);
+                        self.token_chars +=
+                            l.tokens.iter().map(|t| t.chars().count()).sum::<usize>();
+                        l
+                    }),
                     finish_reason: finish,
                 }],
                 usage: None,
@@ -566,14 +614,14 @@ impl StreamState {
                     .metrics
                     .started(s.ttft_ms, s.prompt_tokens, s.cached_tokens());
             }
-            Some(Event::Token { text, .. }) => {
-                let e = self.chunk(Some(text), false, None);
+            Some(Event::Token { text, logprobs, .. }) => {
+                let e = self.chunk(Some(text), false, None, logprobs.as_ref());
                 self.pending.push_back(e);
             }
             Some(Event::Finished(r)) => match *r {
                 Ok(r) => {
                     log_end(&self.app, &self.job, "ok", Some(&r));
-                    let last = self.chunk(None, false, Some(finish_reason(&r)));
+                    let last = self.chunk(None, false, Some(finish_reason(&r)), None);
                     self.pending.push_back(last);
                     if self.job.include_usage {
                         let u = self.usage_chunk(&r);
@@ -653,10 +701,11 @@ async fn stream_answer(
         deadline,
         created: unix_now(),
         pending: Default::default(),
+        token_chars: 0,
         done: false,
     };
     if state.job.kind == Kind::Chat {
-        let first = state.chunk(Some(String::new()), true, None);
+        let first = state.chunk(Some(String::new()), true, None, None);
         state.pending.push_back(first);
     }
     (headers, Sse::new(sse_events(state))).into_response()

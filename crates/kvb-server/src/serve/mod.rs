@@ -14,6 +14,7 @@ mod bridge;
 mod completions;
 mod error;
 mod info;
+mod logprobs;
 mod metrics;
 
 use crate::backend::{probe_device, with_backend};

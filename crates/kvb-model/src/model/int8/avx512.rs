@@ -89,10 +89,10 @@ unsafe fn run<const R: usize, const G: usize, const NIBBLES: bool, const OFFSETS
     for b in 0..blocks {
         let block: [*const u8; G] = std::array::from_fn(|j| group[j].add(b * block_bytes));
         if prefetch {
-            for j in 0..G {
+            for start in block {
                 // Past the group's end this is the next group's start (groups are contiguous),
                 // and a prefetch never faults.
-                let ahead = block[j].wrapping_add(AHEAD * block_bytes);
+                let ahead = start.wrapping_add(AHEAD * block_bytes);
                 for line in (0..block_bytes).step_by(64) {
                     _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8);
                 }
