@@ -31,6 +31,17 @@ pub trait AttentionBackend: Backend {
     ) -> Result<Tensor<Self, 2>, AttnError> {
         paged::paged_attention(q, k_pool, v_pool, batch, scale)
     }
+
+    /// Writes `values` `[kv_heads, n, head_dim]` into a pool layer `pool` `[kv_heads, slots,
+    /// head_dim]` at its slots `slots` (distinct), in place where the pool is not shared. Here
+    /// one slice-assign per run of consecutive slots ([`paged::pool_write_runs`]).
+    fn pool_scatter(
+        pool: Tensor<Self, 3>,
+        slots: &[usize],
+        values: Tensor<Self, 3>,
+    ) -> Tensor<Self, 3> {
+        paged::pool_write_runs(pool, slots, values)
+    }
 }
 
 // burn-ndarray's kernels are in `cpu`, every CubeCL backend's (wgpu, CUDA) in `cube`.

@@ -29,6 +29,10 @@
 //!   same bits as over an f32 pool holding them (tested). burn's reference ops cannot read it; a
 //!   pool the kernels cannot read in place is then an error, never a misread.
 //!
+//! - **Pool writes.** [`AttentionBackend::pool_scatter`] writes new K/V at a pool's slots; the
+//!   CubeCL backends do it in one launch per call (burn's ops need one per run of consecutive
+//!   slots), with the same values (`tests/cube_matches_naive.rs`).
+//!
 //! Speed: `cargo bench -p kvb-attn --bench decode_attention` times a decode step over a long
 //! paged cache, f32 and f16, against the machine's streaming read rate, measured in the same run.
 //!

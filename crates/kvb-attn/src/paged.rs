@@ -200,3 +200,34 @@ pub fn paged_attention<B: Backend>(
     }
     Ok(Tensor::cat(parts, 0))
 }
+
+/// Consecutive runs of `slots`: `(index of the run's first value, first slot, length)`.
+pub fn runs(slots: &[usize]) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        if i >= slots.len() {
+            return None;
+        }
+        let start = i;
+        i += 1;
+        while i < slots.len() && slots[i] == slots[i - 1] + 1 {
+            i += 1;
+        }
+        Some((start, slots[start], i - start))
+    })
+}
+
+/// [`crate::AttentionBackend::pool_scatter`] in burn tensor ops: one slice-assign per run of
+/// consecutive slots (in place on backends that own the pool uniquely, as burn's do).
+pub fn pool_write_runs<B: Backend>(
+    mut pool: Tensor<B, 3>,
+    slots: &[usize],
+    values: Tensor<B, 3>,
+) -> Tensor<B, 3> {
+    let [h, _, d] = pool.dims();
+    for (at, first, len) in runs(slots) {
+        let part = values.clone().slice([0..h, at..at + len, 0..d]);
+        pool = pool.slice_assign([0..h, first..first + len, 0..d], part);
+    }
+    pool
+}

@@ -114,7 +114,54 @@ fn empty_and_bad_batches<B: AttentionBackend>() {
     assert!(<B as AttentionBackend>::paged_attention(q, &pool, &pool, &batch, 0.5).is_err());
 }
 
-/// The three promises as tests of one backend module; `$ignore` marks backends that need
+/// `pool_scatter` writes every value at its slot and nothing else, from values in any layout (here
+/// transposed, as attention hands them over); a pool another tensor still reads is left as it was
+/// (the write goes to a copy).
+fn pool_scatter_writes_the_slots<B: AttentionBackend>(
+    (heads, slots, d): (usize, usize, usize),
+    picks: &[usize],
+    seed: u64,
+) -> Result<(), TestCaseError> {
+    let dev = Default::default();
+    let mut chosen: Vec<usize> = picks.iter().map(|p| p % slots).collect();
+    chosen.dedup();
+    chosen.sort_unstable_by_key(|s| (s * 7 + seed as usize) % slots);
+    chosen.dedup();
+    let n = chosen.len();
+    let value = |h: usize, i: usize, e: usize| (h * 1000 + i * 10 + e) as f32 + 0.5;
+    let before: Vec<f32> = (0..heads * slots * d).map(|x| -(x as f32)).collect();
+    let pool = Tensor::<B, 3>::from_data(TensorData::new(before.clone(), [heads, slots, d]), &dev);
+    // [n, heads, d] in memory, viewed as [heads, n, d].
+    let mut raw = vec![0f32; n * heads * d];
+    for i in 0..n {
+        for h in 0..heads {
+            for e in 0..d {
+                raw[(i * heads + h) * d + e] = value(h, i, e);
+            }
+        }
+    }
+    let values =
+        Tensor::<B, 3>::from_data(TensorData::new(raw, [n, heads, d]), &dev).swap_dims(0, 1);
+    let mut want = before.clone();
+    for (i, &s) in chosen.iter().enumerate() {
+        for h in 0..heads {
+            for e in 0..d {
+                want[(h * slots + s) * d + e] = value(h, i, e);
+            }
+        }
+    }
+    let read = |t: Tensor<B, 3>| t.into_data().convert::<f32>().to_vec::<f32>().unwrap();
+    let shared = pool.clone();
+    let written = <B as AttentionBackend>::pool_scatter(pool, &chosen, values.clone());
+    prop_assert_eq!(read(written), want.clone(), "a shared pool's copy");
+    prop_assert_eq!(read(shared), before.clone(), "the shared pool itself");
+    let alone = Tensor::<B, 3>::from_data(TensorData::new(before, [heads, slots, d]), &dev);
+    let written = <B as AttentionBackend>::pool_scatter(alone, &chosen, values);
+    prop_assert_eq!(read(written), want, "in place");
+    Ok(())
+}
+
+/// The promises as tests of one backend module; `$ignore` marks backends that need
 /// hardware CI lacks.
 macro_rules! on_backend {
     ($name:ident, $feature:literal, $backend:ty $(, #[$ignore:meta])?) => {
@@ -148,6 +195,16 @@ macro_rules! on_backend {
                     seed in 0u64..1000,
                 ) {
                     attention_matches_the_reference::<B>(heads, t, n_frac, scattered, seed)?;
+                }
+
+                #[test]
+                $(#[$ignore])?
+                fn cube_pool_scatter_writes_the_slots(
+                    shape in (1usize..4, 1usize..70, prop::sample::select(vec![1usize, 8, 64, 128])),
+                    picks in prop::collection::vec(0usize..1000, 0..40),
+                    seed in 0u64..1000,
+                ) {
+                    pool_scatter_writes_the_slots::<B>(shape, &picks, seed)?;
                 }
             }
 

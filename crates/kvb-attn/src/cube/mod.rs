@@ -11,6 +11,7 @@
 //! work around a driver that miscompiles the kernel.
 mod kernel;
 mod plan;
+mod pool_write;
 
 use crate::paged::{check_paged, PagedBatch, PagedDims, PagedSeq};
 use crate::{reference, AttentionBackend, AttnError, Visibility};
@@ -78,6 +79,17 @@ where
             .reshape([n, q_heads, d])
             .swap_dims(0, 1)
             .unsqueeze::<4>())
+    }
+
+    fn pool_scatter(
+        pool: Tensor<Self, 3>,
+        slots: &[usize],
+        values: Tensor<Self, 3>,
+    ) -> Tensor<Self, 3> {
+        match pool_write::pool_write_in_place(pool, slots, values.clone()) {
+            Ok(pool) => pool,
+            Err(pool) => crate::paged::pool_write_runs(pool, slots, values),
+        }
     }
 
     fn paged_attention(

@@ -10,6 +10,8 @@ use crate::pool_precision::PoolPrecision;
 use crate::rope::RopeTables;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
+pub use kvb_attn::paged::pool_write_runs as pool_write_reference;
+pub(crate) use kvb_attn::paged::runs;
 use kvb_attn::AttentionBackend;
 
 /// A burn backend the model can run on (attention included, see [`AttentionBackend`]).
@@ -109,12 +111,13 @@ pub trait ModelBackend: AttentionBackend {
 
     /// Writes `values` `[kv_heads, n, head_dim]` into `pool` `[kv_heads, slots, head_dim]` at the
     /// given `n` pool slots (distinct). A backend writes in place where the pool is not shared.
+    /// Here [`AttentionBackend::pool_scatter`]: one launch per call on the CubeCL backends.
     fn pool_write(
         pool: Tensor<Self, 3>,
         slots: &[usize],
         values: Tensor<Self, 3>,
     ) -> Tensor<Self, 3> {
-        pool_write_reference(pool, slots, values)
+        <Self as AttentionBackend>::pool_scatter(pool, slots, values)
     }
 
     /// As [`ModelBackend::pool_write`], from host values: tokens `src.first..src.first +
@@ -213,37 +216,6 @@ impl HostKv<'_> {
         }
         out
     }
-}
-
-/// Consecutive runs of `slots`: `(index of the run's first value, first slot, length)`.
-pub(crate) fn runs(slots: &[usize]) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
-    let mut i = 0;
-    std::iter::from_fn(move || {
-        if i >= slots.len() {
-            return None;
-        }
-        let start = i;
-        i += 1;
-        while i < slots.len() && slots[i] == slots[i - 1] + 1 {
-            i += 1;
-        }
-        Some((start, slots[start], i - start))
-    })
-}
-
-/// [`ModelBackend::pool_write`] in burn tensor ops: one slice-assign per run of consecutive slots
-/// (in place on backends that own the pool uniquely, as burn's do).
-pub fn pool_write_reference<B: Backend>(
-    mut pool: Tensor<B, 3>,
-    slots: &[usize],
-    values: Tensor<B, 3>,
-) -> Tensor<B, 3> {
-    let [h, _, d] = pool.dims();
-    for (at, first, len) in runs(slots) {
-        let part = values.clone().slice([0..h, at..at + len, 0..d]);
-        pool = pool.slice_assign([0..h, first..first + len, 0..d], part);
-    }
-    pool
 }
 
 /// The values at pool slots `slots`: `[kv_heads, n, head_dim]` (a slice when they are
