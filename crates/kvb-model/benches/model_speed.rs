@@ -68,10 +68,17 @@ fn main() {
     let paths = ensure_default_model(&dir, &mut |l| eprintln!("{l}")).expect("the default model");
     let args: Vec<String> = std::env::args().collect();
     let activations = match args.iter().position(|a| a == "--activations") {
-        Some(i) => args
-            .get(i + 1)
-            .and_then(|v| v.parse::<ActivationPrecision>().ok())
-            .expect("--activations takes f32 or q8"),
+        Some(i) => match args.get(i + 1).map(|v| v.parse::<ActivationPrecision>()) {
+            Some(Ok(a)) => a,
+            Some(Err(e)) => {
+                eprintln!("--activations: {e}");
+                std::process::exit(2);
+            }
+            None => {
+                eprintln!("--activations takes f32 or q8");
+                std::process::exit(2);
+            }
+        },
         None => ActivationPrecision::F32,
     };
     // The default model as shipped: its Q4_1 weights stay packed (the f32 folder computes the

@@ -28,6 +28,16 @@ fn post(s: &Server, path: &str, body: &Value) -> (u16, reqwest::header::HeaderMa
     (status, headers, v)
 }
 
+/// The JSON chunks of a streamed answer to `body` at `path` (without `[DONE]`).
+fn stream_chunks(s: &Server, path: &str, body: &Value) -> Vec<Value> {
+    let r = client().post(s.url(path)).json(body).send().unwrap();
+    sse_data(&r.text().unwrap())
+        .iter()
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect()
+}
+
 fn chat(content: &str, max_tokens: u32) -> Value {
     json!({
         "model": "tiny",
@@ -546,15 +556,8 @@ fn logprobs_come_in_both_shapes_streamed_or_not_and_bad_settings_are_refused() {
 
     // Streamed: each token's chunk carries its entry, the same as the whole answer's.
     req["stream"] = json!(true);
-    let r = client()
-        .post(s.url("/v1/chat/completions"))
-        .json(&req)
-        .send()
-        .unwrap();
-    let streamed: Vec<Value> = sse_data(&r.text().unwrap())
-        .iter()
-        .filter(|d| *d != "[DONE]")
-        .map(|d| serde_json::from_str::<Value>(d).unwrap())
+    let streamed: Vec<Value> = stream_chunks(&s, "/v1/chat/completions", &req)
+        .into_iter()
         .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array().cloned())
         .inspect(|c| assert_eq!(c.len(), 1))
         .map(|mut c| c.remove(0))
@@ -582,15 +585,8 @@ fn logprobs_come_in_both_shapes_streamed_or_not_and_bad_settings_are_refused() {
     }
     let mut streamed_body = body.clone();
     streamed_body["stream"] = json!(true);
-    let r = client()
-        .post(s.url("/v1/completions"))
-        .json(&streamed_body)
-        .send()
-        .unwrap();
-    let offsets: Vec<Value> = sse_data(&r.text().unwrap())
-        .iter()
-        .filter(|d| *d != "[DONE]")
-        .map(|d| serde_json::from_str::<Value>(d).unwrap())
+    let offsets: Vec<Value> = stream_chunks(&s, "/v1/completions", &streamed_body)
+        .into_iter()
         .filter_map(|c| {
             c["choices"][0]["logprobs"]["text_offset"]
                 .as_array()

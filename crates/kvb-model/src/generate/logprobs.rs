@@ -21,13 +21,18 @@ pub fn token_logprobs(logits: &[f32], token: u32, top: usize) -> TokenLogprobs {
     let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
     let normaliser = max as f64 + sum.ln();
     let logprob = |l: f32| (l as f64 - normaliser).min(0.0) as f32;
-    let mut ids: Vec<u32> = (0..logits.len() as u32).collect();
+    let top = top.min(logits.len());
+    // Only when alternatives are asked for: a vocabulary's worth of ids otherwise for nothing.
+    let mut ids: Vec<u32> = if top > 0 {
+        (0..logits.len() as u32).collect()
+    } else {
+        Vec::new()
+    };
     let most_likely_first = |a: &u32, b: &u32| {
         logits[*b as usize]
             .total_cmp(&logits[*a as usize])
             .then(a.cmp(b))
     };
-    let top = top.min(ids.len());
     if top > 0 && top < ids.len() {
         ids.select_nth_unstable_by(top - 1, most_likely_first);
     }

@@ -498,7 +498,7 @@ async fn whole_answer(
                 logprobs: job
                     .options
                     .logprobs
-                    .map(|_| logprobs::completion(app.engine.tokenizer(), &r.logprobs, 0)),
+                    .map(|_| logprobs::completion(app.engine.tokenizer(), &r.logprobs, &mut 0)),
                 finish_reason: Some(finish_reason(&r)),
             }],
             usage: Some(usage(&r)),
@@ -571,12 +571,8 @@ impl StreamState {
                 choices: vec![CompletionChoice {
                     index: 0,
                     text: text.unwrap_or_default(),
-                    logprobs: tokens.map(|t| {
-                        let l = logprobs::completion(tokenizer, t, self.token_chars);
-                        self.token_chars +=
-                            l.tokens.iter().map(|t| t.chars().count()).sum::<usize>();
-                        l
-                    }),
+                    logprobs: tokens
+                        .map(|t| logprobs::completion(tokenizer, t, &mut self.token_chars)),
                     finish_reason: finish,
                 }],
                 usage: None,

@@ -41,11 +41,12 @@ pub(super) fn chat(tokenizer: &Tokenizer, tokens: &[TokenLogprobs]) -> ChatLogpr
 }
 
 /// The completions shape of `tokens`' log-probabilities, their text offsets counted in
-/// characters from `offset` (the characters of the answer before them).
+/// characters from `offset` (the characters of the answer before them), which it advances past
+/// them.
 pub(super) fn completion(
     tokenizer: &Tokenizer,
     tokens: &[TokenLogprobs],
-    mut offset: usize,
+    offset: &mut usize,
 ) -> CompletionLogprobs {
     let mut out = CompletionLogprobs {
         tokens: Vec::with_capacity(tokens.len()),
@@ -55,8 +56,8 @@ pub(super) fn completion(
     };
     for t in tokens {
         let token = text_of(tokenizer, t.token);
-        out.text_offset.push(offset);
-        offset += token.chars().count();
+        out.text_offset.push(*offset);
+        *offset += token.chars().count();
         out.tokens.push(token);
         out.token_logprobs.push(t.logprob);
         // Two tokens can decode to the same text: the map keeps the likelier.
