@@ -123,10 +123,14 @@ fn pool_scatter_writes_the_slots<B: AttentionBackend>(
     seed: u64,
 ) -> Result<(), TestCaseError> {
     let dev = Default::default();
-    let mut chosen: Vec<usize> = picks.iter().map(|p| p % slots).collect();
-    chosen.dedup();
-    chosen.sort_unstable_by_key(|s| (s * 7 + seed as usize) % slots);
-    chosen.dedup();
+    // Distinct slots (the contract), in a scrambled order.
+    let mut seen = std::collections::HashSet::new();
+    let mut chosen: Vec<usize> = picks
+        .iter()
+        .map(|p| p % slots)
+        .filter(|s| seen.insert(*s))
+        .collect();
+    chosen.sort_unstable_by_key(|&s| ((s * 7919) ^ seed as usize, s));
     let n = chosen.len();
     let value = |h: usize, i: usize, e: usize| (h * 1000 + i * 10 + e) as f32 + 0.5;
     let before: Vec<f32> = (0..heads * slots * d).map(|x| -(x as f32)).collect();
