@@ -20,6 +20,9 @@
 //! | the embedded default model (SmolLM2-135M-Instruct) | [`fetch`] |
 //!
 //! Backends are cargo features: `ndarray` (default), `wgpu`, `cuda`; the code is one generic path.
+//! A backend overrides a row operation only where it has a measured reason to ([`ModelBackend`]):
+//! burn-ndarray with fused CPU passes, the CubeCL backends with one kernel each for RMSNorm, the
+//! head split with RoPE and the gated activation.
 //!
 //! Promises, each proved by a test:
 //! - logits match HuggingFace transformers (golden files) for every supported family, from a
@@ -38,6 +41,8 @@
 //!   it equals attention over those values widened to f32, bit for bit ([`kv_pool`]'s tests,
 //!   kvb-attn's `paged_matches_naive.rs`);
 //! - re-rotating keys from position p to q equals encoding them at q ([`rope`]);
+//! - the CubeCL row kernels give the reference ops' values within f32 rounding
+//!   (`tests/cube_ops.rs`, on lavapipe in CI);
 //! - malformed configs, checkpoints and GGUF files are errors naming the problem, never panics.
 //!
 //! ```no_run

@@ -2,7 +2,7 @@
 //!
 //! [`ModelBackend`]'s default methods are plain burn tensor ops, so any backend works with a one-line
 //! `impl ModelBackend for MyBackend {}`; a backend overrides a method only where it has a measured
-//! reason to. burn-ndarray's overrides are in `cpu_ops.rs`.
+//! reason to. burn-ndarray's overrides are in `cpu_ops.rs`, the CubeCL backends' in `cube_ops/`.
 
 use crate::config::Activation;
 use crate::packed::PackedMatrix;
@@ -288,9 +288,3 @@ pub fn gated_activation_reference<B: burn::tensor::backend::Backend>(
     let gate = super::layers::activate(act, gu.clone().slice([0..n, 0..i]));
     gate * gu.slice([0..n, i..two_i])
 }
-
-#[cfg(feature = "wgpu")]
-impl ModelBackend for crate::backends::Wgpu {}
-
-#[cfg(feature = "cuda")]
-impl ModelBackend for crate::backends::Cuda {}

@@ -7,6 +7,8 @@ mod bf16_compute;
 mod cpu_ops;
 #[cfg(feature = "ndarray")]
 mod cpu_pool;
+#[cfg(feature = "cube")]
+mod cube_ops;
 #[cfg(feature = "ndarray")]
 mod few_rows;
 #[cfg(all(test, feature = "ndarray"))]
@@ -21,7 +23,10 @@ mod q8_activations;
 #[cfg(all(test, feature = "ndarray"))]
 mod test_values;
 
-pub use backend_ops::{pool_read, pool_write_reference, HostKv, ModelBackend, PoolLayer};
+pub use backend_ops::{
+    gated_activation_reference, pool_read, pool_write_reference, rms_norm_reference,
+    split_heads_reference, HostKv, ModelBackend, PoolLayer,
+};
 pub use batch::{ForwardBatch, SeqRows};
 pub use bf16_compute::ComputePrecision;
 pub use layers::{activate, Embedding, Linear, RmsNorm};
