@@ -3,7 +3,8 @@
 //! noisy: read the ratio, not the absolute numbers). Medians of several runs.
 //!
 //! Run with `cargo xtask bench model [--activations q8] [--batched-only]`: `--activations q8`
-//! loads the model with 8-bit activations; `--batched-only` runs only the decode-step table.
+//! loads the model with 8-bit activations; `--batched-only` runs only the decode-step table;
+//! `--step SEQUENCES,SHARED,OWN` repeats one decode step 200 times (a target for a profiler).
 
 use burn::tensor::{Distribution, Tensor};
 use kvb_model::backends::Cpu;
@@ -11,7 +12,7 @@ use kvb_model::fetch::{ensure_default_model, models_dir_in};
 use kvb_model::generate::{decode, logits_to_vec, GenerateParams};
 use kvb_model::{
     load_pretrained, ActivationPrecision, ForwardBatch, HostKv, KvPool, LoadOptions, LogitsFor,
-    Model, ModelConfig, SeqRows,
+    Model, ModelConfig, PoolPrecision, SeqRows,
 };
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -94,6 +95,19 @@ fn main() {
     )
     .expect("loading the default model");
     println!("activations: {activations:?}");
+    if let Some(i) = args.iter().position(|a| a == "--step") {
+        let shape: Vec<usize> = args
+            .get(i + 1)
+            .map(|v| v.split(',').filter_map(|x| x.parse().ok()).collect())
+            .unwrap_or_default();
+        let [batch, shared, own] = shape[..] else {
+            eprintln!("--step takes SEQUENCES,SHARED,OWN (three numbers)");
+            std::process::exit(2);
+        };
+        let ms = decode_step(&m.model, batch, shared, own, 200);
+        println!("{batch} sequences, {shared} shared + {own} own tokens: {ms:.2} ms per step (median of 200)");
+        return;
+    }
     if args.iter().any(|a| a == "--batched-only") {
         batched_decode(&m.model);
         return;
@@ -217,7 +231,7 @@ fn main() {
 /// One decode step of `batch` sequences that share a `shared`-token prefix (one copy of its
 /// blocks) and each hold `own` tokens of their own: milliseconds per step, median of 5. The K/V
 /// is filled with arbitrary values (attention costs the same whatever they are).
-fn decode_step(model: &Model<Cpu>, batch: usize, shared: usize, own: usize) -> f64 {
+fn decode_step(model: &Model<Cpu>, batch: usize, shared: usize, own: usize, reps: usize) -> f64 {
     let c = model.config();
     let bs = 32;
     let (h, d) = (c.num_kv_heads, c.head_dim);
@@ -225,8 +239,16 @@ fn decode_step(model: &Model<Cpu>, batch: usize, shared: usize, own: usize) -> f
     let shared_blocks = shared / bs;
     let per_seq = blocks_of(shared + own + 1) - shared_blocks;
     let total = shared_blocks + batch * per_seq;
-    let mut pool =
-        KvPool::<Cpu>::new(c.num_layers, (h, d), bs, total, &Default::default()).expect("pool");
+    // f16, as the engine holds K/V for a model with quantized weights.
+    let mut pool = KvPool::<Cpu>::with_precision(
+        PoolPrecision::F16,
+        c.num_layers,
+        (h, d),
+        bs,
+        total,
+        &Default::default(),
+    )
+    .expect("pool");
     let fill: Vec<f32> = (0..h * total * bs * d)
         .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
         .collect();
@@ -251,7 +273,7 @@ fn decode_step(model: &Model<Cpu>, batch: usize, shared: usize, own: usize) -> f
     let slots = vec![slot];
     let tokens: Vec<u32> = (0..batch as u32).map(|b| 100 + b).collect();
     let positions = vec![slot; batch];
-    let runs: Vec<Duration> = (0..5)
+    let runs: Vec<Duration> = (0..reps)
         .map(|_| {
             let seqs: Vec<SeqRows> = tables
                 .iter()
@@ -284,12 +306,12 @@ fn batched_decode(model: &Model<Cpu>) {
     println!("| sequences | shared prefix | own tokens each | step | tokens/s | vs one sequence |");
     println!("|---:|---:|---:|---:|---:|---:|");
     for (shared, own) in [(0usize, 32usize), (1024, 128), (1024, 1024)] {
-        let one = decode_step(model, 1, shared, own);
+        let one = decode_step(model, 1, shared, own, 5);
         for batch in [1usize, 4, 16] {
             let ms = if batch == 1 {
                 one
             } else {
-                decode_step(model, batch, shared, own)
+                decode_step(model, batch, shared, own, 5)
             };
             println!(
                 "| {batch} | {shared} | {own} | {ms:.1} ms | {:.1} | {:.1}x |",
