@@ -10,6 +10,7 @@
 //! environment (read once per process) runs burn's reference ops instead, to compare or to
 //! work around a driver that miscompiles the kernel.
 mod kernel;
+mod memo;
 mod plan;
 mod pool_write;
 
@@ -120,16 +121,29 @@ where
         let rows_per_item = plan::rows_per_item(batch, group, max_units);
         let work = plan::plan(batch, rows_per_item);
         let split = plan::key_split(&work, dims.kv_heads, TILE_KEYS);
-        let ints = |v: Vec<i32>| {
-            let n = v.len();
-            Tensor::<Self, 1, Int>::from_data(TensorData::new(v, [n]), &device).into_primitive()
-        };
         let n_items = work.len();
+        let plan::WorkPlan {
+            tables,
+            last_slot,
+            items,
+        } = work;
+        let index = memo::uploaded::<R, 3>(
+            &memo::ATTENTION,
+            &device,
+            [tables, last_slot, items],
+            |ints| {
+                ints.clone().map(|v| {
+                    let n = v.len();
+                    Tensor::<Self, 1, Int>::from_data(TensorData::new(v, [n]), &device)
+                        .into_primitive()
+                })
+            },
+        );
         let out = launch::<R>(
             q.into_primitive().tensor(),
             k_pool.clone().into_primitive().tensor(),
             v_pool.clone().into_primitive().tensor(),
-            [ints(work.tables), ints(work.last_slot), ints(work.items)],
+            index,
             &dims,
             Launch {
                 items: n_items,

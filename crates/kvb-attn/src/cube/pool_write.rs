@@ -56,11 +56,14 @@ where
     }
     if n > 0 && heads > 0 && d > 0 {
         let index: Vec<i32> = slots.iter().map(|&s| s as i32).collect();
-        let index = BurnTensor::<CubeBackend<R, F, I, BT>, 1, Int>::from_data(
-            TensorData::new(index, [n]),
-            &device,
-        )
-        .into_primitive();
+        let [index] =
+            super::memo::uploaded::<R, 1>(&super::memo::POOL_WRITE, &device, [index], |[index]| {
+                [BurnTensor::<CubeBackend<R, F, I, BT>, 1, Int>::from_data(
+                    TensorData::new(index.clone(), [n]),
+                    &device,
+                )
+                .into_primitive()]
+            });
         let values = values.into_primitive().tensor();
         let dtypes = [target.dtype.into(), index.dtype.into()];
         pool_write_kernel::launch::<R>(
