@@ -9,8 +9,10 @@
 //!
 //! Keys are split into segments of a fixed number of blocks (flash-decoding), so a long cache
 //! spreads over every core; each segment keeps its own running softmax per row, and the segments
-//! are merged in order. A row's arithmetic depends only on its query, its blocks and the segment
-//! grid, never on which other rows share the step (batch invariance).
+//! are merged in order. Where kv heads times segments are too few tasks for the threads (a
+//! short cache), the rows are also split into a few groups, each loading shared blocks for
+//! itself. A row's arithmetic depends only on its query, its blocks and the segment grid, never
+//! on which other rows share the step or its group (batch invariance).
 
 use super::decode_math::{DecodeMath, Heads, Portable};
 use super::pool_view::PoolView;
@@ -192,6 +194,20 @@ fn segment<M: DecodeMath>(
     states
 }
 
+/// Groups to split the rows into, so that the tasks (kv heads x segments x row groups) are at
+/// least four per thread and a multiple of the threads: a short cache gives one segment per kv
+/// head, and 3 kv heads over 2 threads left one thread idle a third of the time. Each group
+/// loads a shared block for itself, so the groups are no more than that needs. Which group a
+/// row is in changes nothing in its arithmetic (only which rows share a block's load).
+fn row_groups(base_tasks: usize, threads: usize, rows: usize) -> usize {
+    let (base, threads) = (base_tasks.max(1), threads.max(1));
+    let mut groups = (4 * threads).div_ceil(base);
+    while (base * groups) % threads != 0 {
+        groups += 1;
+    }
+    groups.clamp(1, rows.max(1))
+}
+
 /// Runs the decode rows, writing each row's heads into `out` (`[rows, q_heads, d]`, row-major).
 /// Needs `d` contiguous in `q` and the pool; the caller checks.
 pub(crate) fn decode_attention(
@@ -215,13 +231,18 @@ pub(crate) fn decode_attention(
     let avx2 = d % 8 == 0 && kvb_gemm::has_fma();
     #[cfg(target_arch = "x86_64")]
     let avx512 = d % 16 == 0 && kvb_gemm::isa() == kvb_gemm::Isa::Avx512;
-    let tasks: Vec<(usize, usize)> = (0..kv_heads)
-        .flat_map(|kh| (0..segments).map(move |s| (kh, s)))
+    let per_group = rows
+        .len()
+        .div_ceil(row_groups(kv_heads * segments, rayon::current_num_threads(), rows.len()));
+    let groups = rows.len().div_ceil(per_group);
+    let tasks: Vec<(usize, usize, usize)> = (0..kv_heads)
+        .flat_map(|kh| (0..segments).flat_map(move |s| (0..groups).map(move |g| (kh, s, g))))
         .collect();
     let results: Vec<Vec<f32>> = tasks
         .par_iter()
-        .map(|&(kh, s)| {
+        .map(|&(kh, s, g)| {
             let tiles = s * per_segment..((s + 1) * per_segment).min(max_tiles);
+            let rows = &rows[g * per_group..((g + 1) * per_group).min(rows.len())];
             let shape = (kh, group, d);
             #[cfg(target_arch = "x86_64")]
             if avx512 {
@@ -237,11 +258,13 @@ pub(crate) fn decode_attention(
     // Merge the segments of each (row, head) in order.
     let width = d + 2;
     for (r, row) in rows.iter().enumerate() {
+        let (rg, local) = (r / per_group, r % per_group);
         for kh in 0..kv_heads {
             for g in 0..group {
                 let h = kh * group + g;
-                let at = (r * group + g) * width;
-                let parts = || (0..segments).map(|s| &results[kh * segments + s][at..at + width]);
+                let at = (local * group + g) * width;
+                let task = |s: usize| (kh * segments + s) * groups + rg;
+                let parts = || (0..segments).map(|s| &results[task(s)][at..at + width]);
                 let max = parts().fold(f32::NEG_INFINITY, |m, p| m.max(p[d]));
                 let dst = &mut out[(row.row * q_heads + h) * d..(row.row * q_heads + h + 1) * d];
                 dst.fill(0.0);
@@ -255,6 +278,30 @@ pub(crate) fn decode_attention(
                 }
                 let inv = 1.0 / sum;
                 dst.iter_mut().for_each(|o| *o *= inv);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::row_groups;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Between one group and one per row; unless capped by the rows, enough tasks for four
+        /// per thread, in a multiple of the threads.
+        #[test]
+        fn row_groups_fill_the_threads_evenly(
+            base in 1usize..40,
+            threads in 1usize..33,
+            rows in 1usize..65,
+        ) {
+            let g = row_groups(base, threads, rows);
+            prop_assert!((1..=rows).contains(&g));
+            if g < rows {
+                prop_assert_eq!(base * g % threads, 0);
+                prop_assert!(base * g >= 4 * threads);
             }
         }
     }
