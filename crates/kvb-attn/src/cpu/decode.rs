@@ -231,9 +231,11 @@ pub(crate) fn decode_attention(
     let avx2 = d % 8 == 0 && kvb_gemm::has_fma();
     #[cfg(target_arch = "x86_64")]
     let avx512 = d % 16 == 0 && kvb_gemm::isa() == kvb_gemm::Isa::Avx512;
-    let per_group = rows
-        .len()
-        .div_ceil(row_groups(kv_heads * segments, rayon::current_num_threads(), rows.len()));
+    let per_group = rows.len().div_ceil(row_groups(
+        kv_heads * segments,
+        rayon::current_num_threads(),
+        rows.len(),
+    ));
     let groups = rows.len().div_ceil(per_group);
     let tasks: Vec<(usize, usize, usize)> = (0..kv_heads)
         .flat_map(|kh| (0..segments).flat_map(move |s| (0..groups).map(move |g| (kh, s, g))))
