@@ -8,8 +8,9 @@
 //! integers and the device are equal. The kernels only read these tensors, so sharing one
 //! buffer between calls is safe.
 
+use burn::tensor::{Int, Tensor, TensorData};
 use burn_cubecl::tensor::CubeTensor;
-use burn_cubecl::CubeRuntime;
+use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use std::any::Any;
 use std::cell::RefCell;
 use std::thread::LocalKey;
@@ -47,6 +48,27 @@ pub(crate) fn uploaded<R: CubeRuntime, const N: usize>(
     })
 }
 
+/// [`uploaded`] as int tensors of the backend (`i32` values in its int element).
+pub(crate) fn int_tensors<R, F, I, BT, const N: usize>(
+    slot: &'static LocalKey<Slot>,
+    device: &R::CubeDevice,
+    ints: [Vec<i32>; N],
+) -> [CubeTensor<R>; N]
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    uploaded(slot, device, ints, |ints| {
+        ints.clone().map(|v| {
+            let n = v.len();
+            Tensor::<CubeBackend<R, F, I, BT>, 1, Int>::from_data(TensorData::new(v, [n]), device)
+                .into_primitive()
+        })
+    })
+}
+
 thread_local! {
     /// The paged attention kernel's block tables, last slots and work items.
     pub(crate) static ATTENTION: Slot = const { RefCell::new(None) };
@@ -58,7 +80,6 @@ thread_local! {
 mod tests {
     use super::*;
     use burn::backend::wgpu::{WgpuDevice, WgpuRuntime};
-    use burn::tensor::{Int, Tensor, TensorData};
     use proptest::prelude::*;
 
     type B = burn_cubecl::CubeBackend<WgpuRuntime, f32, i32, u32>;

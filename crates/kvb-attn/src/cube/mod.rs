@@ -16,7 +16,7 @@ mod pool_write;
 
 use crate::paged::{check_paged, PagedBatch, PagedDims, PagedSeq};
 use crate::{reference, AttentionBackend, AttnError, Visibility};
-use burn::tensor::{Bool, Int, Tensor, TensorData, TensorPrimitive};
+use burn::tensor::{Bool, Tensor, TensorPrimitive};
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
@@ -127,17 +127,10 @@ where
             last_slot,
             items,
         } = work;
-        let index = memo::uploaded::<R, 3>(
+        let index = memo::int_tensors::<R, F, I, BT, 3>(
             &memo::ATTENTION,
             &device,
             [tables, last_slot, items],
-            |ints| {
-                ints.clone().map(|v| {
-                    let n = v.len();
-                    Tensor::<Self, 1, Int>::from_data(TensorData::new(v, [n]), &device)
-                        .into_primitive()
-                })
-            },
         );
         let out = launch::<R>(
             q.into_primitive().tensor(),

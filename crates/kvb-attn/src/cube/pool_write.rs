@@ -6,7 +6,7 @@
 //! slot's `head_dim` values in place: one launch per layer for K and one for V, whatever the
 //! slots. The values are copied, so the pool holds the same bits either way.
 
-use burn::tensor::{Int, Tensor as BurnTensor, TensorData, TensorPrimitive};
+use burn::tensor::{Tensor as BurnTensor, TensorPrimitive};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::prelude::*;
 
@@ -57,13 +57,7 @@ where
     if n > 0 && heads > 0 && d > 0 {
         let index: Vec<i32> = slots.iter().map(|&s| s as i32).collect();
         let [index] =
-            super::memo::uploaded::<R, 1>(&super::memo::POOL_WRITE, &device, [index], |[index]| {
-                [BurnTensor::<CubeBackend<R, F, I, BT>, 1, Int>::from_data(
-                    TensorData::new(index.clone(), [n]),
-                    &device,
-                )
-                .into_primitive()]
-            });
+            super::memo::int_tensors::<R, F, I, BT, 1>(&super::memo::POOL_WRITE, &device, [index]);
         let values = values.into_primitive().tensor();
         let dtypes = [target.dtype.into(), index.dtype.into()];
         pool_write_kernel::launch::<R>(
