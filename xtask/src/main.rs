@@ -31,7 +31,8 @@ commands:
                 one system prompt, streamed over HTTP): TTFT p50/p99, tokens/s, errors; tables and
                 plots in bench/results/<date>-server/. Options: --quick, --clients 1,16,64,
                 --turns N, --max-tokens N, --time-limit S, --model PATH, --out DIR,
-                --activations q8
+                --activations q8, --serve-args FLAGS (more kvb serve flags in one quoted
+                argument, e.g. --prefill-tokens-while-decoding 128)
   bench soak    `kvb serve` under steady mixed load (chat turns, completions, warms, dropped
                 streams, malformed bodies) for a bounded time: no request may fail, resident
                 memory may grow < 5% after warm-up, the pool must return to its resident cache.

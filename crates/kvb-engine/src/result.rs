@@ -71,6 +71,9 @@ pub struct GenerationResult {
     pub cached: CachedTokens,
     /// Cached tokens recomputed by repair.
     pub recomputed_tokens: usize,
+    /// Forward passes that computed some of the prompt's rows: chunked prefill spreads a prompt
+    /// longer than a step's budget over several, each shared with other sequences' rows.
+    pub prefill_passes: usize,
     /// Store chunks reused by prefix key (exact, in context).
     pub exact_chunks: usize,
     /// Store chunks reused by content key (re-rotated, repaired).

@@ -52,6 +52,8 @@ pub(crate) struct SeqStats {
     pub first_token_at: Option<Instant>,
     pub last_token_at: Option<Instant>,
     pub prefill_started: Option<Instant>,
+    /// Forward passes that computed some of its prompt rows.
+    pub prefill_passes: usize,
 }
 
 /// One request in the scheduler.
@@ -114,6 +116,18 @@ impl Sequence {
     /// Whether the prefill is done and the sequence generates one token per step.
     pub fn decoding(&self) -> bool {
         self.work.is_empty() && self.filled >= self.prefill_len
+    }
+
+    /// Prompt rows its prefill has still to compute, as far as known (a reused run adds its
+    /// repaired rows when it is placed).
+    pub fn prefill_rows_left(&self) -> usize {
+        self.work
+            .iter()
+            .map(|w| match w {
+                Work::Compute(slots) => slots.len(),
+                Work::Place { .. } => 0,
+            })
+            .sum()
     }
 
     /// Slots below this hold final K/V (no repair pending on them).

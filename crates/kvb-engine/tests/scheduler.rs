@@ -1,7 +1,8 @@
 //! The scheduler's promises on the tiny reference models: a batch does not change what a sequence
 //! generates; the engine serves many threads at once; cancelling frees a sequence's blocks at once
 //! and a second cancel is an error; a pool too small for a request refuses it, one too small for
-//! two preempts and still answers both; shared prefixes are held once; no block leaks.
+//! two preempts and still answers both; shared prefixes are held once; no block leaks; a prefill
+//! is cut to fill a step only when that saves a step.
 
 mod common;
 
@@ -306,4 +307,62 @@ fn sequences_sharing_a_prefix_hold_it_once() {
     e.reset_cache().unwrap();
     e.sync().unwrap();
     assert_eq!(e.paged_stats().blocks_used, 0, "no block leaks");
+}
+
+#[test]
+fn a_prefill_is_cut_to_fill_a_step_only_when_that_saves_a_step() {
+    // 16 prefill rows a step while sequences decode, however many do.
+    let e = engine(
+        "llama",
+        EngineConfig {
+            max_batch_tokens: 64,
+            prefill_tokens_while_decoding: 16,
+            ..config()
+        },
+    );
+    // A sequence decoding all along keeps the step budget at 16 and the scheduler in its steps,
+    // so that the prompts below arrive during one and are admitted together.
+    let long = e
+        .submit(Request::new(
+            prompt(70, 8),
+            opts(GenerationMode::ChunkReuse, 230),
+        ))
+        .unwrap();
+    assert!(matches!(long.next_event(), Some(Event::Started(_))));
+    let passes = |seeds: &[u32]| -> Vec<usize> {
+        let handles: Vec<_> = seeds
+            .iter()
+            .map(|&seed| {
+                e.submit(Request::new(
+                    prompt(seed, 12),
+                    opts(GenerationMode::ChunkReuse, 2),
+                ))
+                .unwrap()
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.wait().unwrap().prefill_passes)
+            .collect()
+    };
+    for round in 0..4 {
+        // 12 + 12 rows, two steps either way: the second is not cut into 4 rows beside the first
+        // and 8 in the next step; it waits for the next step, whole.
+        assert_eq!(passes(&[80 + round, 90 + round]), [1, 1], "round {round}");
+        // 4 x 12 rows: three steps of 16 if cut, four if each waited whole; so the second and
+        // third are cut (4 + 8, 8 + 4) and the fourth fits whole.
+        let four = [100 + round, 110 + round, 120 + round, 130 + round];
+        assert_eq!(passes(&four), [1, 2, 2, 1], "round {round}");
+    }
+    // Longer than a step's budget: cut, 16 rows at a time.
+    let r = e
+        .submit(Request::new(
+            prompt(99, 40),
+            opts(GenerationMode::ChunkReuse, 2),
+        ))
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(r.prefill_passes, 3);
+    long.cancel().unwrap();
 }

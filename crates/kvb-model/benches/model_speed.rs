@@ -4,7 +4,10 @@
 //!
 //! Run with `cargo xtask bench model [--activations q8] [--batched-only]`: `--activations q8`
 //! loads the model with 8-bit activations; `--batched-only` runs only the decode-step table;
-//! `--step SEQUENCES,SHARED,OWN` repeats one decode step 200 times (a target for a profiler).
+//! `--step SEQUENCES,SHARED,OWN[,PREFILL]` repeats one step 200 times (a target for a profiler):
+//! SEQUENCES decoding, each after SHARED tokens shared by all and OWN of its own, and with PREFILL
+//! one more sequence's next PREFILL prompt tokens after the shared ones (a warm request's
+//! prefill in a server's step; 0 for none, SEQUENCES may be 0 then).
 
 use burn::tensor::{Distribution, Tensor};
 use kvb_model::backends::Cpu;
@@ -100,12 +103,23 @@ fn main() {
             .get(i + 1)
             .map(|v| v.split(',').filter_map(|x| x.parse().ok()).collect())
             .unwrap_or_default();
-        let [batch, shared, own] = shape[..] else {
-            eprintln!("--step takes SEQUENCES,SHARED,OWN (three numbers)");
-            std::process::exit(2);
+        let (batch, shared, own, prefill) = match shape[..] {
+            [b, s, o] => (b, s, o, 0),
+            [b, s, o, p] => (b, s, o, p),
+            _ => {
+                eprintln!("--step takes SEQUENCES,SHARED,OWN[,PREFILL] (three or four numbers)");
+                std::process::exit(2);
+            }
         };
-        let ms = decode_step(&m.model, batch, shared, own, 200);
-        println!("{batch} sequences, {shared} shared + {own} own tokens: {ms:.2} ms per step (median of 200)");
+        if batch + prefill == 0 {
+            eprintln!("--step: nothing to run (SEQUENCES and PREFILL are both 0)");
+            std::process::exit(2);
+        }
+        let ms = step(&m.model, batch, (shared, own), prefill, 200);
+        println!(
+            "{batch} sequences, {shared} shared + {own} own tokens, {prefill} prefill rows: \
+             {ms:.2} ms per step (median of 200)"
+        );
         return;
     }
     if args.iter().any(|a| a == "--batched-only") {
@@ -232,13 +246,27 @@ fn main() {
 /// blocks) and each hold `own` tokens of their own: milliseconds per step, median of 5. The K/V
 /// is filled with arbitrary values (attention costs the same whatever they are).
 fn decode_step(model: &Model<Cpu>, batch: usize, shared: usize, own: usize, reps: usize) -> f64 {
+    step(model, batch, (shared, own), 0, reps)
+}
+
+/// The median time of one forward pass over `batch` decoding sequences (`shared` tokens shared by
+/// all, then `own` each) and, when `prefill > 0`, one more sequence's next `prefill` prompt rows
+/// after the shared tokens.
+fn step(
+    model: &Model<Cpu>,
+    batch: usize,
+    (shared, own): (usize, usize),
+    prefill: usize,
+    reps: usize,
+) -> f64 {
     let c = model.config();
     let bs = 32;
     let (h, d) = (c.num_kv_heads, c.head_dim);
     let blocks_of = |n: usize| n.div_ceil(bs);
     let shared_blocks = shared / bs;
     let per_seq = blocks_of(shared + own + 1) - shared_blocks;
-    let total = shared_blocks + batch * per_seq;
+    let prefill_blocks = blocks_of(shared + prefill) - shared_blocks;
+    let total = shared_blocks + batch * per_seq + prefill_blocks;
     // f16, as the engine holds K/V for a model with quantized weights.
     let mut pool = KvPool::<Cpu>::with_precision(
         PoolPrecision::F16,
@@ -269,13 +297,27 @@ fn decode_step(model: &Model<Cpu>, batch: usize, shared: usize, own: usize, reps
                 .collect()
         })
         .collect();
+    let prefill_table: Vec<u32> = (0..(shared_blocks + prefill_blocks) as u32)
+        .map(|i| match i as usize {
+            i if i < shared_blocks => i as u32,
+            i => (i + batch * per_seq) as u32,
+        })
+        .collect();
+    let prefill_slots: Vec<usize> = (shared..shared + prefill).collect();
     let slot = shared + own;
     let slots = vec![slot];
-    let tokens: Vec<u32> = (0..batch as u32).map(|b| 100 + b).collect();
-    let positions = vec![slot; batch];
+    let mut tokens: Vec<u32> = (0..batch as u32).map(|b| 100 + b).collect();
+    let mut positions = vec![slot; batch];
+    tokens.extend((0..prefill as u32).map(|i| 200 + i));
+    positions.extend(prefill_slots.iter().copied());
+    // What the engine samples: every decode row, and a prefill's last row.
+    let mut sampled: Vec<usize> = (0..batch).collect();
+    if prefill > 0 {
+        sampled.push(batch + prefill - 1);
+    }
     let runs: Vec<Duration> = (0..reps)
         .map(|_| {
-            let seqs: Vec<SeqRows> = tables
+            let mut seqs: Vec<SeqRows> = tables
                 .iter()
                 .map(|t| SeqRows {
                     blocks: t,
@@ -283,6 +325,13 @@ fn decode_step(model: &Model<Cpu>, batch: usize, shared: usize, own: usize, reps
                     decode: true,
                 })
                 .collect();
+            if prefill > 0 {
+                seqs.push(SeqRows {
+                    blocks: &prefill_table,
+                    slots: &prefill_slots,
+                    decode: false,
+                });
+            }
             let batch_in = ForwardBatch {
                 tokens: &tokens,
                 positions: &positions,
@@ -290,7 +339,7 @@ fn decode_step(model: &Model<Cpu>, batch: usize, shared: usize, own: usize, reps
             };
             let t = Instant::now();
             let out = model
-                .forward_batch(&batch_in, &mut pool, LogitsFor::All)
+                .forward_batch(&batch_in, &mut pool, LogitsFor::Rows(sampled.clone()))
                 .expect("step");
             let _ = logits_to_vec(out).expect("logits");
             t.elapsed()

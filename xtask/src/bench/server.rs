@@ -31,6 +31,9 @@ struct Options {
     text: f64,
     /// `kvb serve --activations` (`q8`); kvb's default otherwise.
     activations: Option<String>,
+    /// More `kvb serve` flags, as one whitespace-separated string (`--serve-args "--flag value"`),
+    /// to measure a setting against the default.
+    serve_args: Vec<String>,
 }
 
 fn parse(args: &[String]) -> Result<Options> {
@@ -43,6 +46,7 @@ fn parse(args: &[String]) -> Result<Options> {
         out: None,
         text: 1.0,
         activations: None,
+        serve_args: Vec::new(),
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -69,6 +73,9 @@ fn parse(args: &[String]) -> Result<Options> {
             "--model" => o.model = Some(value()?.into()),
             "--out" => o.out = Some(value()?.into()),
             "--activations" => o.activations = Some(value()?.clone()),
+            "--serve-args" => {
+                o.serve_args = value()?.split_whitespace().map(String::from).collect()
+            }
             other => bail!("unknown bench server option {other}"),
         }
     }
@@ -346,10 +353,11 @@ fn client(
 
 fn measure(kvb: &Path, o: &Options, clients: usize, raw: &Path) -> Result<ServerResult> {
     let log = raw.join(format!("serve-{clients}.log"));
-    let extra: Vec<&str> = match &o.activations {
+    let mut extra: Vec<&str> = match &o.activations {
         Some(a) => vec!["--activations", a],
         None => Vec::new(),
     };
+    extra.extend(o.serve_args.iter().map(String::as_str));
     let server = ServeProcess::start(kvb, o.model.as_deref(), &extra, &log)?;
     let size = Size {
         text: o.text,

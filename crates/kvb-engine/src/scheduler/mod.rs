@@ -7,7 +7,8 @@
 //! 2. admission: requests whose blocks fit are planned (pool tree, store, interior), given their
 //!    blocks and their cached K/V, oldest first ([`admit`]);
 //! 3. one ragged batch: one row for each decoding sequence, then the next slice of each prefilling
-//!    one, up to the step's token budget (chunked prefill); reused runs are placed and repaired
+//!    one, up to the step's token budget (chunked prefill; a slice is cut to fill a step only
+//!    where that saves a step, see `step::PrefillBudget`); reused runs are placed and repaired
 //!    when a prefill reaches them ([`place`]);
 //! 4. one forward pass; each sequence whose row produced logits samples, streams, and may stop
 //!    ([`step`]); finished sequences index their blocks and free their table. Their new chunks

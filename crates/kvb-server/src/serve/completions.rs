@@ -407,6 +407,8 @@ fn log_end(app: &AppState, job: &Job, status: &str, r: Option<&GenerationResult>
             ttft_ms = format!("{:.1}", r.ttft_ms),
             total_ms = format!("{:.1}", seconds * 1e3),
             queue_ms = format!("{:.1}", r.stages.queue.as_secs_f64() * 1e3),
+            prefill_ms = format!("{:.1}", r.stages.live_prefill.as_secs_f64() * 1e3),
+            prefill_passes = r.prefill_passes,
             "request done"
         ),
         None => {
