@@ -69,6 +69,8 @@ pub struct Outcome<'a> {
     interior_tokens: usize,
     approximate_tokens: usize,
     recomputed_tokens: usize,
+    /// Forward passes its prompt's rows were computed in (chunked prefill).
+    prefill_passes: usize,
     kv_reuse_ratio: f64,
     exact_chunks: usize,
     approximate_chunks: usize,
@@ -111,6 +113,7 @@ impl<'a> Outcome<'a> {
             interior_tokens: g.cached.interior,
             approximate_tokens: g.cached.approximate,
             recomputed_tokens: g.recomputed_tokens,
+            prefill_passes: g.prefill_passes,
             kv_reuse_ratio: g.kv_reuse_ratio,
             exact_chunks: g.exact_chunks,
             approximate_chunks: g.approximate_chunks,
