@@ -283,6 +283,38 @@ impl<B: ModelBackend> Engine<B> {
     /// hold. With a remote tier, the prompt's chunks are first fetched from it on this thread
     /// (one round trip; a remote that is down costs nothing, see [`kvb_store::remote`]).
     pub fn submit(&self, request: Request) -> Result<RequestHandle, EngineError> {
+        let (seq, handle) = self.prepare(request)?;
+        self.commands
+            .send(Command::Submit(vec![seq]))
+            .map_err(|_| EngineError::Stopped)?;
+        Ok(handle)
+    }
+
+    /// Queues several requests at once: the scheduler takes them in one step, in order, so they
+    /// are admitted together where the pool has room (one request per [`Engine::submit`] call
+    /// may reach the scheduler a step apart). Each is checked as [`Engine::submit`] checks it; a
+    /// bad one gets its error and the others still queue.
+    pub fn submit_batch(&self, requests: Vec<Request>) -> Vec<Result<RequestHandle, EngineError>> {
+        let mut queued = Vec::new();
+        let handles: Vec<Result<RequestHandle, EngineError>> = requests
+            .into_iter()
+            .map(|r| {
+                let (seq, handle) = self.prepare(r)?;
+                queued.push(seq);
+                Ok(handle)
+            })
+            .collect();
+        if !queued.is_empty() && self.commands.send(Command::Submit(queued)).is_err() {
+            return handles
+                .into_iter()
+                .map(|h| h.and(Err(EngineError::Stopped)))
+                .collect();
+        }
+        handles
+    }
+
+    /// Checks a request and makes its sequence and handle (see [`Engine::submit`]).
+    fn prepare(&self, request: Request) -> Result<(Sequence, RequestHandle), EngineError> {
         let n = request.tokens.len();
         if n == 0 {
             return Err(EngineError::EmptyPrompt);
@@ -337,18 +369,16 @@ impl<B: ModelBackend> Engine<B> {
             state: state.clone(),
         };
         let seq = Sequence::new(sink, request.tokens, request.options, request.arrival, run);
-        self.commands
-            .send(Command::Submit(Box::new(seq)))
-            .map_err(|_| EngineError::Stopped)?;
         let wake = self.commands.clone();
-        Ok(RequestHandle {
+        let handle = RequestHandle {
             id,
             events,
             state,
             wake: Box::new(move || {
                 let _ = wake.send(Command::Wake);
             }),
-        })
+        };
+        Ok((seq, handle))
     }
 
     /// Generates from `prompt` with K/V reuse per `options.mode`, streaming through `on_token`.
@@ -392,18 +422,30 @@ impl<B: ModelBackend> Engine<B> {
         options: &GenerateOptions,
     ) -> Vec<Result<GenerationResult, EngineError>> {
         let arrival = Instant::now();
-        let handles: Vec<Result<RequestHandle, EngineError>> = prompts
+        let tokenized: Vec<Result<Vec<u32>, EngineError>> = prompts
             .iter()
-            .map(|p| {
-                let tokens = self.shared.tokenizer.encode(p, false)?;
-                self.submit(Request {
-                    tokens,
-                    options: options.clone(),
-                    arrival,
-                })
+            .map(|p| Ok(self.shared.tokenizer.encode(p, false)?))
+            .collect();
+        let requests: Vec<Request> = tokenized
+            .iter()
+            .flatten()
+            .map(|tokens| Request {
+                tokens: tokens.clone(),
+                options: options.clone(),
+                arrival,
             })
             .collect();
-        handles.into_iter().map(|h| h?.wait()).collect()
+        let mut handles = self.submit_batch(requests).into_iter();
+        tokenized
+            .into_iter()
+            .map(|t| match t {
+                Ok(_) => match handles.next() {
+                    Some(handle) => handle?.wait(),
+                    None => Err(EngineError::Internal("a batch lost a request".into())),
+                },
+                Err(e) => Err(e),
+            })
+            .collect()
     }
 
     /// Computes `text` in context and keeps its K/V: resident in the pool, and its chunks in the

@@ -320,8 +320,7 @@ fn a_prefill_is_cut_to_fill_a_step_only_when_that_saves_a_step() {
             ..config()
         },
     );
-    // A sequence decoding all along keeps the step budget at 16 and the scheduler in its steps,
-    // so that the prompts below arrive during one and are admitted together.
+    // A sequence decoding all along keeps the step budget at 16.
     let long = e
         .submit(Request::new(
             prompt(70, 8),
@@ -329,20 +328,15 @@ fn a_prefill_is_cut_to_fill_a_step_only_when_that_saves_a_step() {
         ))
         .unwrap();
     assert!(matches!(long.next_event(), Some(Event::Started(_))));
+    // Submitted as one batch, the prompts reach the scheduler in one step.
     let passes = |seeds: &[u32]| -> Vec<usize> {
-        let handles: Vec<_> = seeds
+        let requests = seeds
             .iter()
-            .map(|&seed| {
-                e.submit(Request::new(
-                    prompt(seed, 12),
-                    opts(GenerationMode::ChunkReuse, 2),
-                ))
-                .unwrap()
-            })
+            .map(|&seed| Request::new(prompt(seed, 12), opts(GenerationMode::ChunkReuse, 2)))
             .collect();
-        handles
+        e.submit_batch(requests)
             .into_iter()
-            .map(|h| h.wait().unwrap().prefill_passes)
+            .map(|h| h.unwrap().wait().unwrap().prefill_passes)
             .collect()
     };
     for round in 0..4 {
@@ -354,6 +348,17 @@ fn a_prefill_is_cut_to_fill_a_step_only_when_that_saves_a_step() {
         let four = [100 + round, 110 + round, 120 + round, 130 + round];
         assert_eq!(passes(&four), [1, 2, 2, 1], "round {round}");
     }
+    // A bad request in a batch gets its error; the others run.
+    let mixed = e.submit_batch(vec![
+        Request::new(prompt(140, 5), opts(GenerationMode::ChunkReuse, 2)),
+        Request::new(Vec::new(), opts(GenerationMode::ChunkReuse, 2)),
+    ]);
+    assert!(matches!(mixed[1], Err(EngineError::EmptyPrompt)));
+    let mut mixed = mixed.into_iter();
+    assert_eq!(
+        mixed.next().unwrap().unwrap().wait().unwrap().prompt_tokens,
+        5
+    );
     // Longer than a step's budget: cut, 16 rows at a time.
     let r = e
         .submit(Request::new(

@@ -38,8 +38,8 @@ use std::sync::Arc;
 
 /// What the engine asks of the scheduler thread.
 pub(crate) enum Command {
-    /// A new request.
-    Submit(Box<Sequence>),
+    /// New requests, taken in one step in this order.
+    Submit(Vec<Sequence>),
     /// Something changed (a cancel): look at the sequences again.
     Wake,
     /// Forget every resident block and every stored chunk.
@@ -110,7 +110,7 @@ impl<B: ModelBackend> Scheduler<B> {
             };
             for command in first.into_iter().chain(commands.try_iter()) {
                 match command {
-                    Command::Submit(seq) => self.waiting.push_back(*seq),
+                    Command::Submit(seqs) => self.waiting.extend(seqs),
                     Command::Wake => {}
                     Command::Reset(reply) => {
                         let _ = reply.send(self.reset());
