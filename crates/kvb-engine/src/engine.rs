@@ -422,28 +422,31 @@ impl<B: ModelBackend> Engine<B> {
         options: &GenerateOptions,
     ) -> Vec<Result<GenerationResult, EngineError>> {
         let arrival = Instant::now();
-        let tokenized: Vec<Result<Vec<u32>, EngineError>> = prompts
-            .iter()
-            .map(|p| Ok(self.shared.tokenizer.encode(p, false)?))
-            .collect();
-        let requests: Vec<Request> = tokenized
-            .iter()
-            .flatten()
-            .map(|tokens| Request {
-                tokens: tokens.clone(),
-                options: options.clone(),
-                arrival,
-            })
-            .collect();
+        // Prompts that tokenize go in one batch; the others keep their error in their place.
+        let mut requests = Vec::new();
+        let mut errors: Vec<Option<EngineError>> = Vec::new();
+        for p in prompts {
+            match self.shared.tokenizer.encode(p, false) {
+                Ok(tokens) => {
+                    requests.push(Request {
+                        tokens,
+                        options: options.clone(),
+                        arrival,
+                    });
+                    errors.push(None);
+                }
+                Err(e) => errors.push(Some(e.into())),
+            }
+        }
         let mut handles = self.submit_batch(requests).into_iter();
-        tokenized
+        errors
             .into_iter()
-            .map(|t| match t {
-                Ok(_) => match handles.next() {
+            .map(|error| match error {
+                Some(e) => Err(e),
+                None => match handles.next() {
                     Some(handle) => handle?.wait(),
                     None => Err(EngineError::Internal("a batch lost a request".into())),
                 },
-                Err(e) => Err(e),
             })
             .collect()
     }

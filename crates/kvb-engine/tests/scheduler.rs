@@ -2,7 +2,8 @@
 //! generates; the engine serves many threads at once; cancelling frees a sequence's blocks at once
 //! and a second cancel is an error; a pool too small for a request refuses it, one too small for
 //! two preempts and still answers both; shared prefixes are held once; no block leaks; a prefill
-//! is cut to fill a step only when that saves a step.
+//! is cut to fill a step only when that saves a step; `generate_batch` answers in order what each
+//! prompt generates alone.
 
 mod common;
 
@@ -370,4 +371,24 @@ fn a_prefill_is_cut_to_fill_a_step_only_when_that_saves_a_step() {
         .unwrap();
     assert_eq!(r.prefill_passes, 3);
     long.cancel().unwrap();
+}
+
+#[test]
+fn generate_batch_answers_in_order_what_each_prompt_generates_alone() {
+    let texts = [
+        "the cat sat on the mat",
+        "a b c d e f g",
+        "hello world, once more",
+    ];
+    let options = opts(GenerationMode::ChunkReuse, 6);
+    let batch = engine("llama", config()).generate_batch(&texts, &options);
+    assert_eq!(batch.len(), texts.len());
+    for (text, got) in texts.iter().zip(batch) {
+        let alone = engine("llama", config())
+            .generate(text, &options, &mut |_| {})
+            .unwrap();
+        let got = got.unwrap();
+        assert_eq!(got.prompt_tokens, alone.prompt_tokens, "{text}");
+        assert_eq!(got.token_ids, alone.token_ids, "{text}");
+    }
 }

@@ -99,9 +99,10 @@ fn main() {
     .expect("loading the default model");
     println!("activations: {activations:?}");
     if let Some(i) = args.iter().position(|a| a == "--step") {
+        // Every field must be a number: one dropped silently would shift the others.
         let shape: Vec<usize> = args
             .get(i + 1)
-            .map(|v| v.split(',').filter_map(|x| x.parse().ok()).collect())
+            .and_then(|v| v.split(',').map(|x| x.trim().parse().ok()).collect())
             .unwrap_or_default();
         let (batch, shared, own, prefill) = match shape[..] {
             [b, s, o] => (b, s, o, 0),

@@ -5,17 +5,10 @@
 
 mod common;
 
-use common::tiny_model;
+use common::{tiny_model, words};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::process::Command;
-
-fn words(seed: usize, n: usize) -> String {
-    (0..n)
-        .map(|i| format!("w{}", (seed * 31 + i * 7) % 97))
-        .collect::<Vec<_>>()
-        .join(" ")
-}
 
 #[test]
 fn replay_answers_every_line_and_each_chat_continues_from_its_blocks() {

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::tiny_model;
+use common::{tiny_model, words};
 use serde_json::{json, Value};
 use std::path::Path;
 use std::process::{Command, Output};
@@ -20,13 +20,6 @@ fn verify(model: &Path, requests: &Path, extra: &[&str]) -> Output {
         .args(extra)
         .output()
         .unwrap()
-}
-
-fn words(seed: usize, n: usize) -> String {
-    (0..n)
-        .map(|i| format!("w{}", (seed * 31 + i * 7) % 97))
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 #[test]

@@ -30,6 +30,14 @@ pub fn tiny_model() -> (tempfile::TempDir, PathBuf) {
     (dir, dst)
 }
 
+/// `n` made-up words from a seed (`w0`..`w96`), a deterministic text for the tiny model.
+pub fn words(seed: usize, n: usize) -> String {
+    (0..n)
+        .map(|i| format!("w{}", (seed * 31 + i * 7) % 97))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// A running server.
 pub struct Server {
     child: Child,
