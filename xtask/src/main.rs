@@ -231,21 +231,33 @@ fn smoke_bench(
 /// default model's prefill and decode with the kernel and with the reference ops.
 fn bench_attn(args: &[String]) -> Result<()> {
     let mut backend = "wgpu".to_string();
+    let mut dtype = "f32".to_string();
     let mut quick = false;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--backend" => backend = it.next().context("--backend needs wgpu or cuda")?.clone(),
+            "--dtype" => dtype = it.next().context("--dtype needs f32, f16 or bf16")?.clone(),
             "--quick" => quick = true,
-            other => bail!("unknown option `{other}` (--backend wgpu|cuda, --quick)"),
+            other => bail!(
+                "unknown option `{other}` (--backend wgpu|cuda, --dtype f32|f16|bf16, --quick)"
+            ),
         }
     }
     if backend != "wgpu" && backend != "cuda" {
         bail!("--backend takes wgpu or cuda, not `{backend}`");
     }
+    if !["f32", "f16", "bf16"].contains(&dtype.as_str()) || (backend == "wgpu" && dtype == "bf16") {
+        bail!("--dtype takes f32 or f16 on wgpu (WGSL has no bf16), f32, f16 or bf16 on cuda, not `{dtype}`");
+    }
     let out = workspace_root().join("bench/results").join(format!(
-        "{}-attn-{backend}{}",
+        "{}-attn-{backend}{}{}",
         bench::today(),
+        if dtype == "f32" {
+            String::new()
+        } else {
+            format!("-{dtype}")
+        },
         if quick { "-quick" } else { "" }
     ));
     let mut cmd = cargo();
@@ -253,6 +265,7 @@ fn bench_attn(args: &[String]) -> Result<()> {
         .arg(&backend)
         .args(["--bench", "gpu_attention"])
         .env("KVB_ATTN_BACKEND", &backend)
+        .env("KVB_ATTN_DTYPE", &dtype)
         .env("KVB_BENCH_OUT", &out);
     if quick {
         cmd.env("KVB_BENCH_QUICK", "1");
@@ -264,7 +277,7 @@ fn bench_attn(args: &[String]) -> Result<()> {
     } else {
         &bench::attn_model::Size::FULL
     };
-    let model = bench::attn_model::run(&kvb_binary()?, &backend, size, &out.join("raw"))?;
+    let model = bench::attn_model::run(&kvb_binary()?, &backend, &dtype, size, &out.join("raw"))?;
     let results = out.join("results.md");
     let mut text = std::fs::read_to_string(&results)
         .with_context(|| format!("reading {}", results.display()))?;

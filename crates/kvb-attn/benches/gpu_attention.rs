@@ -4,9 +4,11 @@
 //! Prints a table (median time, FLOP/s, kernel/reference speed-up) and writes it to
 //! `$KVB_BENCH_OUT/results.md` when that is set.
 //!
-//! Run with `cargo xtask bench attn [--backend wgpu|cuda] [--quick]`, which sets
-//! `KVB_ATTN_BACKEND` and `KVB_BENCH_QUICK`. On lavapipe (wgpu on a CPU) only the ratios mean
-//! anything; `--quick` keeps the shapes small enough for it.
+//! Run with `cargo xtask bench attn [--backend wgpu|cuda] [--dtype f32|f16|bf16] [--quick]`,
+//! which sets `KVB_ATTN_BACKEND`, `KVB_ATTN_DTYPE` and `KVB_BENCH_QUICK`. The tensors (q, the
+//! K/V pool, the output) hold the dtype; both paths compute in it as they do in the engine (the
+//! kernel accumulates in f32). On lavapipe (wgpu on a CPU) only the ratios mean anything;
+//! `--quick` keeps the shapes small enough for it.
 
 use burn::tensor::{Distribution, Tensor};
 use kvb_attn::{paged_attention, AttentionBackend, PagedBatch, PagedSeq};
@@ -125,9 +127,10 @@ fn time_case<B: AttentionBackend>(s: &Shape, case: &Case, dev: &B::Device) -> [D
 }
 
 fn report<B: AttentionBackend>(backend: &str, s: &Shape, dev: &B::Device) -> String {
+    let dtype = format!("{:?}", <B::FloatElem as burn::tensor::Element>::dtype()).to_lowercase();
     let mut out = format!(
-        "# Attention kernel vs reference ({backend})\n\n{} q heads over {} kv heads, head dim {}, \
-         context {}, f32, 16-token blocks, median of {}.\n\n\
+        "# Attention kernel vs reference ({backend}, {dtype})\n\n{} q heads over {} kv heads, \
+         head dim {}, context {}, {dtype}, 16-token blocks, median of {}.\n\n\
          | case | kernel | reference | kernel GFLOP/s | reference GFLOP/s | speed-up |\n\
          |---|---:|---:|---:|---:|---:|\n",
         s.q_heads, s.kv_heads, s.head_dim, s.context, s.reps
@@ -173,13 +176,33 @@ fn main() {
         }
     };
     let backend = std::env::var("KVB_ATTN_BACKEND").unwrap_or_else(|_| "wgpu".into());
-    let text = match backend.as_str() {
+    let dtype = std::env::var("KVB_ATTN_DTYPE").unwrap_or_else(|_| "f32".into());
+    let text = match (backend.as_str(), dtype.as_str()) {
         #[cfg(feature = "wgpu")]
-        "wgpu" => report::<burn::backend::Wgpu<f32, i32>>("wgpu", &shape, &Default::default()),
+        ("wgpu", "f32") => {
+            report::<burn::backend::Wgpu<f32, i32>>("wgpu", &shape, &Default::default())
+        }
+        #[cfg(feature = "wgpu")]
+        ("wgpu", "f16") => {
+            report::<burn::backend::Wgpu<half::f16, i32>>("wgpu", &shape, &Default::default())
+        }
         #[cfg(feature = "cuda")]
-        "cuda" => report::<burn::backend::Cuda<f32, i32>>("cuda", &shape, &Default::default()),
-        other => {
-            eprintln!("backend `{other}` is not compiled in (features wgpu, cuda)");
+        ("cuda", "f32") => {
+            report::<burn::backend::Cuda<f32, i32>>("cuda", &shape, &Default::default())
+        }
+        #[cfg(feature = "cuda")]
+        ("cuda", "f16") => {
+            report::<burn::backend::Cuda<half::f16, i32>>("cuda", &shape, &Default::default())
+        }
+        #[cfg(feature = "cuda")]
+        ("cuda", "bf16") => {
+            report::<burn::backend::Cuda<half::bf16, i32>>("cuda", &shape, &Default::default())
+        }
+        (backend, dtype) => {
+            eprintln!(
+                "backend `{backend}` in `{dtype}` is not compiled in (features wgpu, cuda; wgpu \
+                 takes f32 or f16, cuda f32, f16 or bf16)"
+            );
             std::process::exit(2);
         }
     };

@@ -57,11 +57,13 @@ mod cpu;
 #[cfg(feature = "cube")]
 mod cube;
 pub mod fastmath;
+mod float_type;
 mod mask;
 pub mod paged;
 mod reference;
 
 pub use backend::AttentionBackend;
+pub use float_type::float_on;
 pub use mask::Visibility;
 pub use paged::{paged_attention, PagedBatch, PagedSeq};
 pub use reference::attention;

@@ -105,6 +105,7 @@ impl Mask {
                 }
             })
             .collect();
-        any_blocked.then(|| Tensor::from_data(TensorData::new(bias, [n, t]), device))
+        any_blocked
+            .then(|| Tensor::from_data(TensorData::new(bias, [n, t]), crate::float_on::<B>(device)))
     }
 }

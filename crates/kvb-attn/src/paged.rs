@@ -196,7 +196,7 @@ pub fn paged_attention<B: Backend>(
     if parts.is_empty() {
         // Zero elements: `empty` launches nothing, where burn-cubecl's `zeros` launches a kernel of
         // zero cubes, which CUDA rejects (CUDA_ERROR_INVALID_VALUE).
-        return Ok(Tensor::empty([rows, q_heads * d], &device));
+        return Ok(Tensor::empty([rows, q_heads * d], (&device, q.dtype())));
     }
     Ok(Tensor::cat(parts, 0))
 }

@@ -9,8 +9,8 @@
 mod common;
 
 use burn::tensor::{Distribution, Tensor, TensorData};
-use common::paged_case::{case, close};
-use kvb_attn::{attention, AttentionBackend, PagedBatch, PagedSeq, Visibility};
+use common::paged_case::{as_stored, case, close_within, tolerance};
+use kvb_attn::{attention, float_on, AttentionBackend, PagedBatch, PagedSeq, Visibility};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
@@ -36,14 +36,12 @@ fn paged_matches_naive<B: AttentionBackend>(
     scatter: bool,
     seed: u64,
 ) -> Result<(), TestCaseError> {
-    let c = case(shape, lens, shared, scatter, seed);
+    let dev = Default::default();
+    let c = case(shape, lens, shared, scatter, seed).as_stored::<B>(&dev);
     let got = c
-        .run::<B>(
-            <B as AttentionBackend>::paged_attention,
-            &Default::default(),
-        )
+        .run::<B>(<B as AttentionBackend>::paged_attention, &dev)
         .unwrap();
-    close(&got, &c.naive(), "cube kernel")
+    close_within(&got, &c.naive(), tolerance::<B>(), "cube kernel")
 }
 
 /// Causal queries at an offset into longer K/V, and scattered slots (CacheBlend's rows), against
@@ -63,8 +61,9 @@ fn attention_matches_the_reference<B: AttentionBackend>(
     } else {
         Visibility::Causal
     };
-    let rand =
-        |shape: [usize; 4]| Tensor::<B, 4>::random(shape, Distribution::Normal(0.0, 1.0), &dev);
+    let rand = |shape: [usize; 4]| {
+        Tensor::<B, 4>::random(shape, Distribution::Normal(0.0, 1.0), float_on::<B>(&dev))
+    };
     let (q, k, v) = (
         rand([1, hq, n, d]),
         rand([1, hkv, t, d]),
@@ -80,13 +79,13 @@ fn attention_matches_the_reference<B: AttentionBackend>(
         to_vec(attention(on_cpu(&q), on_cpu(&k), on_cpu(&v), &visibility, None, scale).unwrap());
     let got =
         to_vec(<B as AttentionBackend>::attention(q, k, v, &visibility, None, scale).unwrap());
-    close(&got, &want, "cube attention")
+    close_within(&got, &want, tolerance::<B>(), "cube attention")
 }
 
 fn empty_and_bad_batches<B: AttentionBackend>() {
     let dev = Default::default();
-    let pool = Tensor::<B, 3>::zeros([1, 8, 4], &dev);
-    let q = Tensor::<B, 4>::zeros([1, 2, 0, 4], &dev);
+    let pool = Tensor::<B, 3>::zeros([1, 8, 4], float_on::<B>(&dev));
+    let q = Tensor::<B, 4>::zeros([1, 2, 0, 4], float_on::<B>(&dev));
     let out = <B as AttentionBackend>::paged_attention(
         q,
         &pool,
@@ -100,7 +99,10 @@ fn empty_and_bad_batches<B: AttentionBackend>() {
     .unwrap();
     assert_eq!(out.dims(), [0, 8]);
 
-    let q = Tensor::<B, 4>::from_data(TensorData::new(vec![1f32; 8], [1, 2, 1, 4]), &dev);
+    let q = Tensor::<B, 4>::from_data(
+        TensorData::new(vec![1f32; 8], [1, 2, 1, 4]),
+        float_on::<B>(&dev),
+    );
     let past_the_pool = [PagedSeq {
         blocks: &[2],
         rows: 0..1,
@@ -134,7 +136,10 @@ fn pool_scatter_writes_the_slots<B: AttentionBackend>(
     let n = chosen.len();
     let value = |h: usize, i: usize, e: usize| (h * 1000 + i * 10 + e) as f32 + 0.5;
     let before: Vec<f32> = (0..heads * slots * d).map(|x| -(x as f32)).collect();
-    let pool = Tensor::<B, 3>::from_data(TensorData::new(before.clone(), [heads, slots, d]), &dev);
+    let pool = Tensor::<B, 3>::from_data(
+        TensorData::new(before.clone(), [heads, slots, d]),
+        float_on::<B>(&dev),
+    );
     // [n, heads, d] in memory, viewed as [heads, n, d].
     let mut raw = vec![0f32; n * heads * d];
     for i in 0..n {
@@ -145,7 +150,11 @@ fn pool_scatter_writes_the_slots<B: AttentionBackend>(
         }
     }
     let values =
-        Tensor::<B, 3>::from_data(TensorData::new(raw, [n, heads, d]), &dev).swap_dims(0, 1);
+        Tensor::<B, 3>::from_data(TensorData::new(raw, [n, heads, d]), float_on::<B>(&dev))
+            .swap_dims(0, 1);
+    // What the pool and the values hold in `B`'s float type (f16 rounds the larger ones).
+    let before = as_stored::<B>(&before, &dev);
+    let value = |h: usize, i: usize, e: usize| as_stored::<B>(&[value(h, i, e)], &dev)[0];
     let mut want = before.clone();
     for (i, &s) in chosen.iter().enumerate() {
         for h in 0..heads {
@@ -159,7 +168,10 @@ fn pool_scatter_writes_the_slots<B: AttentionBackend>(
     let written = <B as AttentionBackend>::pool_scatter(pool, &chosen, values.clone());
     prop_assert_eq!(read(written), want.clone(), "a shared pool's copy");
     prop_assert_eq!(read(shared), before.clone(), "the shared pool itself");
-    let alone = Tensor::<B, 3>::from_data(TensorData::new(before, [heads, slots, d]), &dev);
+    let alone = Tensor::<B, 3>::from_data(
+        TensorData::new(before, [heads, slots, d]),
+        float_on::<B>(&dev),
+    );
     let written = <B as AttentionBackend>::pool_scatter(alone, &chosen, values);
     prop_assert_eq!(read(written), want, "in place");
     Ok(())
@@ -222,4 +234,7 @@ macro_rules! on_backend {
 }
 
 on_backend!(wgpu, "wgpu", burn::backend::Wgpu<f32, i32>);
+on_backend!(wgpu_f16, "wgpu", burn::backend::Wgpu<half::f16, i32>);
 on_backend!(cuda, "cuda", burn::backend::Cuda<f32, i32>, #[ignore = "needs an NVIDIA GPU"]);
+on_backend!(cuda_f16, "cuda", burn::backend::Cuda<half::f16, i32>, #[ignore = "needs an NVIDIA GPU"]);
+on_backend!(cuda_bf16, "cuda", burn::backend::Cuda<half::bf16, i32>, #[ignore = "needs an NVIDIA GPU"]);

@@ -86,26 +86,33 @@ impl std::str::FromStr for KvPrecision {
 /// The element type of the engine's K/V pool (what decode reads every step).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PoolDtype {
-    /// f16 where the backend holds it and the weights are quantized to integers (a GGUF's
-    /// Q4/Q8 blocks: the model's own rounding dwarfs f16's, and llama.cpp caches f16 too); f32
-    /// otherwise, so an f32 or 16-bit model keeps K/V as computed.
+    /// The backend's float type where it computes in half precision (a GPU with `--dtype
+    /// f16` or `bf16`); else f16 where the backend holds it and the weights are quantized to
+    /// integers (a GGUF's Q4/Q8 blocks: the model's own rounding dwarfs f16's, and llama.cpp
+    /// caches f16 too); f32 otherwise, so an f32 or 16-bit model keeps K/V as computed.
     #[default]
     Auto,
     /// As computed.
     F32,
     /// Half the memory and half the bytes a long decode step reads (CPU backend).
     F16,
+    /// bf16 (a CUDA backend computing in bf16).
+    Bf16,
 }
 
 impl PoolDtype {
     /// The names `FromStr` reads.
-    pub const NAMES: [&'static str; 3] = ["auto", "f32", "f16"];
+    pub const NAMES: [&'static str; 4] = ["auto", "f32", "f16", "bf16"];
 
     /// The precision a pool holds for `model` on backend `B`.
     pub fn resolve<B: ModelBackend>(self, model: &Model<B>) -> PoolPrecision {
         match self {
             PoolDtype::F32 => PoolPrecision::F32,
             PoolDtype::F16 => PoolPrecision::F16,
+            PoolDtype::Bf16 => PoolPrecision::Bf16,
+            PoolDtype::Auto if PoolPrecision::native::<B>() != PoolPrecision::F32 => {
+                PoolPrecision::native::<B>()
+            }
             PoolDtype::Auto
                 if B::holds_pool_precision(PoolPrecision::F16) && model.has_quantized_weights() =>
             {
@@ -122,6 +129,7 @@ impl std::fmt::Display for PoolDtype {
             PoolDtype::Auto => "auto",
             PoolDtype::F32 => "f32",
             PoolDtype::F16 => "f16",
+            PoolDtype::Bf16 => "bf16",
         })
     }
 }
@@ -136,6 +144,7 @@ impl std::str::FromStr for PoolDtype {
                 .map(|p| match p {
                     PoolPrecision::F32 => PoolDtype::F32,
                     PoolPrecision::F16 => PoolDtype::F16,
+                    PoolPrecision::Bf16 => PoolDtype::Bf16,
                 })
                 .map_err(|_| {
                     format!(

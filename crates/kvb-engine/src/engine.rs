@@ -115,6 +115,12 @@ impl<B: ModelBackend> Engine<B> {
         if model.activation_precision() != ActivationPrecision::F32 {
             namespace = namespace.extra("activations", &model.activation_precision().to_string());
         }
+        // So does a backend computing in half precision (a GPU's `--dtype`), whatever the pool
+        // holds: an f16 pool filled by f32 arithmetic is not one filled by f16 arithmetic.
+        let float = PoolPrecision::native::<B>();
+        if float != PoolPrecision::F32 {
+            namespace = namespace.extra("float", float.as_str());
+        }
         let namespace = namespace.build();
         let store = ChunkStore::new(StoreConfig {
             max_ram_bytes: config.max_cache_bytes,
@@ -149,6 +155,7 @@ impl<B: ModelBackend> Engine<B> {
         let eos = eos_ids(&c.eos_token_ids, &tokenizer);
         let store_format = match (config.kv_precision, precision) {
             (KvPrecision::F32, PoolPrecision::F16) => KvFormat::F16,
+            (KvPrecision::F32, PoolPrecision::Bf16) => KvFormat::Bf16,
             (stored, _) => stored.format(),
         };
         let shared = Arc::new(Shared {

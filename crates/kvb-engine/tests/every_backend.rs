@@ -13,10 +13,18 @@ mod common;
 
 use common::{around, config, max_abs_diff, moved_document, opts, prompt, tiny};
 use kvb_engine::{Engine, EngineConfig, GenerationMode, RecomputeStrategy, Request};
-use kvb_model::ModelBackend;
+use kvb_model::{ModelBackend, PoolPrecision};
 
-/// Logits of the same prompt through two paths of one backend differ by at most this.
-const LOGIT_TOLERANCE: f32 = 1e-3;
+/// Logits of the same prompt through two paths of one backend differ by at most this: f32
+/// rounding, or for a backend computing in f16 (bf16) its rounding of every activation, a step
+/// of 4.9e-4 (3.9e-3) relative to logits of a few units.
+fn logit_tolerance<B: ModelBackend>() -> f32 {
+    match PoolPrecision::native::<B>() {
+        PoolPrecision::F32 => 1e-3,
+        PoolPrecision::F16 => 2e-2,
+        PoolPrecision::Bf16 => 1.5e-1,
+    }
+}
 
 fn engine_on<B: ModelBackend>(family: &str, cfg: EngineConfig, device: &B::Device) -> Engine<B> {
     Engine::from_pretrained(&tiny(family), cfg, device).unwrap_or_else(|e| panic!("{family}: {e}"))
@@ -54,7 +62,7 @@ fn exact_prefix_reuse_gives_baselines_tokens<B: ModelBackend>(device: &B::Device
                 assert_eq!(reuse.approximate_chunks, 0, "{what}");
                 assert_eq!(reuse.token_ids, base.token_ids, "{what}: greedy tokens");
                 let d = max_abs_diff(&reuse.first_logits, &base.first_logits);
-                assert!(d < LOGIT_TOLERANCE, "{what}: logits differ by {d}");
+                assert!(d < logit_tolerance::<B>(), "{what}: logits differ by {d}");
             }
         }
     }
@@ -86,7 +94,7 @@ fn interior_reuse_with_everything_recomputed_equals_a_prefill<B: ModelBackend>(d
     );
     assert_eq!(reuse.recomputed_tokens, reuse.cached_tokens);
     let d = max_abs_diff(&reuse.first_logits, &base.first_logits);
-    assert!(d < LOGIT_TOLERANCE, "logits differ by {d}");
+    assert!(d < logit_tolerance::<B>(), "logits differ by {d}");
     assert_eq!(reuse.token_ids, base.token_ids);
 }
 
@@ -115,11 +123,20 @@ fn repair_brings_a_moved_document_closer<B: ModelBackend>(device: &B::Device) {
         assert!(reuse.approximate_chunks > 0);
         errors.push(max_abs_diff(&reuse.first_logits, &base.first_logits));
     }
+    eprintln!("first-token logit error at 0%, 50%, 100% recomputed: {errors:?}");
+    let falls = if PoolPrecision::native::<B>() == PoolPrecision::F32 {
+        errors[0] > errors[1] && errors[1] > errors[2]
+    } else {
+        // The tiny model's moved-document error is 1.9e-4 in f32 (6.0e-5 at 50%), under one
+        // step of f16 at its logits (9.8e-4 between 1 and 2): half precision shows it falling
+        // overall and never growing, not at every step.
+        errors[0] >= errors[1] && errors[1] >= errors[2] && errors[0] > errors[2]
+    };
     assert!(
-        errors[0] > errors[1] && errors[1] > errors[2],
+        falls,
         "the error must fall as more is recomputed: {errors:?}"
     );
-    assert!(errors[2] < LOGIT_TOLERANCE, "{errors:?}");
+    assert!(errors[2] < logit_tolerance::<B>(), "{errors:?}");
 }
 
 fn a_batch_generates_what_each_prompt_generates_alone<B: ModelBackend>(device: &B::Device) {
@@ -155,7 +172,7 @@ fn a_batch_generates_what_each_prompt_generates_alone<B: ModelBackend>(device: &
             assert_eq!(r.token_ids, alone[i].token_ids, "{mode}, prompt {i}");
             let d = max_abs_diff(&r.first_logits, &alone[i].first_logits);
             assert!(
-                d < LOGIT_TOLERANCE,
+                d < logit_tolerance::<B>(),
                 "{mode}, prompt {i}: logits differ by {d}"
             );
         }
@@ -178,6 +195,13 @@ macro_rules! on_every_backend {
                 super::$body::<kvb_model::backends::Wgpu>(&Default::default());
             })*
         }
+        #[cfg(feature = "wgpu")]
+        mod wgpu_f16 {
+            $(#[test]
+            fn $body() {
+                super::$body::<kvb_model::backends::WgpuF16>(&Default::default());
+            })*
+        }
         #[cfg(feature = "cuda")]
         mod cuda {
             // Built everywhere (CI proves it compiles); run where a GPU is, with `--ignored`.
@@ -185,6 +209,22 @@ macro_rules! on_every_backend {
             #[ignore = "needs an NVIDIA GPU"]
             fn $body() {
                 super::$body::<kvb_model::backends::Cuda>(&Default::default());
+            })*
+        }
+        #[cfg(feature = "cuda")]
+        mod cuda_f16 {
+            $(#[test]
+            #[ignore = "needs an NVIDIA GPU"]
+            fn $body() {
+                super::$body::<kvb_model::backends::CudaF16>(&Default::default());
+            })*
+        }
+        #[cfg(feature = "cuda")]
+        mod cuda_bf16 {
+            $(#[test]
+            #[ignore = "needs an NVIDIA GPU"]
+            fn $body() {
+                super::$body::<kvb_model::backends::CudaBf16>(&Default::default());
             })*
         }
     };

@@ -9,9 +9,22 @@ pub type Cpu = burn::backend::NdArray<f32>;
 #[cfg(feature = "wgpu")]
 pub type Wgpu = burn::backend::Wgpu<f32, i32>;
 
+/// wgpu holding weights, activations and K/V in f16 (`--dtype f16`), feature `wgpu`. The
+/// kernels of kvb-attn and kvb-model compute in f32 and round once when they write.
+#[cfg(feature = "wgpu")]
+pub type WgpuF16 = burn::backend::Wgpu<half::f16, i32>;
+
 /// NVIDIA GPUs through CUDA (kernels compiled at run time by NVRTC), feature `cuda`.
 #[cfg(feature = "cuda")]
 pub type Cuda = burn::backend::Cuda<f32, i32>;
+
+/// CUDA in f16 (`--dtype f16`), feature `cuda`.
+#[cfg(feature = "cuda")]
+pub type CudaF16 = burn::backend::Cuda<half::f16, i32>;
+
+/// CUDA in bf16 (`--dtype bf16`), feature `cuda`.
+#[cfg(feature = "cuda")]
+pub type CudaBf16 = burn::backend::Cuda<half::bf16, i32>;
 
 /// A backend chosen at run time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,5 +74,83 @@ impl std::str::FromStr for BackendKind {
             ));
         }
         Ok(kind)
+    }
+}
+
+/// The float type a backend holds weights, activations and its K/V pool in (`--dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FloatDtype {
+    /// 32-bit floats: every backend.
+    #[default]
+    F32,
+    /// IEEE half precision: wgpu (where the adapter has `shader-f16`) and CUDA.
+    F16,
+    /// bfloat16: CUDA (WGSL has no bf16 type).
+    Bf16,
+}
+
+impl FloatDtype {
+    /// The name `--dtype` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            FloatDtype::F32 => "f32",
+            FloatDtype::F16 => "f16",
+            FloatDtype::Bf16 => "bf16",
+        }
+    }
+}
+
+impl std::fmt::Display for FloatDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for FloatDtype {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" | "float32" => Ok(FloatDtype::F32),
+            "f16" | "float16" | "half" => Ok(FloatDtype::F16),
+            "bf16" | "bfloat16" => Ok(FloatDtype::Bf16),
+            other => Err(format!("unknown dtype `{other}` (f32, f16, bf16)")),
+        }
+    }
+}
+
+impl BackendKind {
+    /// Whether this backend can hold and compute in `dtype`, with the reason when not.
+    pub fn check_dtype(self, dtype: FloatDtype) -> Result<(), String> {
+        match (self, dtype) {
+            (_, FloatDtype::F32) | (BackendKind::Wgpu | BackendKind::Cuda, FloatDtype::F16) => {
+                Ok(())
+            }
+            (BackendKind::Cuda, FloatDtype::Bf16) => Ok(()),
+            (BackendKind::Wgpu, FloatDtype::Bf16) => Err(
+                "--dtype bf16 needs CUDA: WGSL has no bf16 type (use --dtype f16 on wgpu)".into(),
+            ),
+            (BackendKind::Cpu, _) => Err(format!(
+                "--dtype {dtype} is for the GPU backends: the CPU backend computes in f32 \
+                 (for less memory on the CPU use --weights bf16 or q8_0 and --pool-dtype f16)"
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dtypes_parse_print_and_fit_their_backends() {
+        for dtype in [FloatDtype::F32, FloatDtype::F16, FloatDtype::Bf16] {
+            assert_eq!(dtype.name().parse::<FloatDtype>(), Ok(dtype));
+        }
+        assert!("f8".parse::<FloatDtype>().is_err());
+        assert!(BackendKind::Cpu.check_dtype(FloatDtype::F32).is_ok());
+        assert!(BackendKind::Cpu.check_dtype(FloatDtype::F16).is_err());
+        assert!(BackendKind::Wgpu.check_dtype(FloatDtype::F16).is_ok());
+        assert!(BackendKind::Wgpu.check_dtype(FloatDtype::Bf16).is_err());
+        assert!(BackendKind::Cuda.check_dtype(FloatDtype::Bf16).is_ok());
     }
 }

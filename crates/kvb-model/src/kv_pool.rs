@@ -31,8 +31,8 @@ pub struct KvPool<B: ModelBackend> {
 
 impl<B: ModelBackend> KvPool<B> {
     /// A pool of `blocks` blocks of `block_size` slots for `num_layers` layers of `kv_heads` heads
-    /// of `head_dim`, holding f32 (zeroed; on the CPU its pages are mapped as blocks are first
-    /// written).
+    /// of `head_dim`, holding the backend's float type (zeroed; on the CPU its pages are mapped
+    /// as blocks are first written).
     pub fn new(
         num_layers: usize,
         head_shape: (usize, usize),
@@ -41,7 +41,7 @@ impl<B: ModelBackend> KvPool<B> {
         device: &B::Device,
     ) -> Result<Self> {
         Self::with_precision(
-            PoolPrecision::F32,
+            PoolPrecision::native::<B>(),
             num_layers,
             head_shape,
             block_size,
@@ -66,7 +66,9 @@ impl<B: ModelBackend> KvPool<B> {
         }
         if !B::holds_pool_precision(precision) {
             return Err(ModelError::Forward(format!(
-                "this backend holds no {precision} K/V pool (f16 is implemented on the CPU; use f32)"
+                "this backend holds no {precision} K/V pool: the CPU holds f32 or f16, a GPU \
+                 backend its own float type (here {})",
+                PoolPrecision::native::<B>()
             )));
         }
         let shape = [kv_heads, blocks * block_size, head_dim];
@@ -390,6 +392,7 @@ mod tests {
                 match precision {
                     PoolPrecision::F32 => x.to_vec(),
                     PoolPrecision::F16 => x.iter().map(|&y| half::f16::from_f32(y).to_f32()).collect(),
+                    PoolPrecision::Bf16 => unreachable!("the CPU holds no bf16 pool"),
                 }
             };
             let (hk, hv) = pool.read_host(1, &slots).unwrap();

@@ -7,6 +7,12 @@
 //! written from), so a sequence computes the same whether its K/V was prefilled in one pass, in
 //! slices, or copied in from the chunk store: the exactness of reuse holds within one precision.
 //! Two precisions give different K/V, so the precision is part of every cache key.
+//!
+//! On the GPU backends the pool holds the backend's own float type (`--dtype`): f32, f16 or
+//! bf16 ([`PoolPrecision::native`]).
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Element};
 
 /// The element type of the K/V pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -15,17 +21,28 @@ pub enum PoolPrecision {
     F32,
     /// IEEE half precision, rounded to nearest even on write.
     F16,
+    /// bfloat16: a CUDA backend computing in bf16 (`--dtype bf16`).
+    Bf16,
 }
 
 impl PoolPrecision {
     /// The names [`PoolPrecision`]'s `FromStr` reads.
-    pub const NAMES: [&'static str; 2] = ["f32", "f16"];
+    pub const NAMES: [&'static str; 3] = ["f32", "f16", "bf16"];
+
+    /// The precision of `B`'s float tensors: what a pool of plain `B` tensors holds.
+    pub fn native<B: Backend>() -> PoolPrecision {
+        match <B::FloatElem as Element>::dtype() {
+            DType::F16 => PoolPrecision::F16,
+            DType::BF16 => PoolPrecision::Bf16,
+            _ => PoolPrecision::F32,
+        }
+    }
 
     /// Bytes per stored value.
     pub fn bytes(self) -> usize {
         match self {
             PoolPrecision::F32 => 4,
-            PoolPrecision::F16 => 2,
+            PoolPrecision::F16 | PoolPrecision::Bf16 => 2,
         }
     }
 
@@ -34,6 +51,7 @@ impl PoolPrecision {
         match self {
             PoolPrecision::F32 => "f32",
             PoolPrecision::F16 => "f16",
+            PoolPrecision::Bf16 => "bf16",
         }
     }
 }
@@ -51,6 +69,7 @@ impl std::str::FromStr for PoolPrecision {
         match s.to_ascii_lowercase().as_str() {
             "f32" | "fp32" => Ok(PoolPrecision::F32),
             "f16" | "fp16" => Ok(PoolPrecision::F16),
+            "bf16" => Ok(PoolPrecision::Bf16),
             other => Err(format!(
                 "unknown K/V pool precision `{other}` (expected one of {})",
                 PoolPrecision::NAMES.join(", ")

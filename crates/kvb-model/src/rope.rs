@@ -8,6 +8,7 @@
 use crate::config::{ModelConfig, RopeScaling};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
+use kvb_attn::float_on;
 
 /// RoPE frequencies of one model.
 #[derive(Debug, Clone)]
@@ -166,8 +167,11 @@ impl Rope {
             }
         }
         RopeTables {
-            cos: Tensor::from_data(TensorData::new(cos, [1, 1, n, dim]), device),
-            signed_sin: Tensor::from_data(TensorData::new(sin, [1, 1, n, dim]), device),
+            cos: Tensor::from_data(TensorData::new(cos, [1, 1, n, dim]), float_on::<B>(device)),
+            signed_sin: Tensor::from_data(
+                TensorData::new(sin, [1, 1, n, dim]),
+                float_on::<B>(device),
+            ),
         }
     }
 }

@@ -83,7 +83,10 @@ pub fn quantize_tensor<B: Backend>(
         .zip(&maxs)
         .map(|(&lo, &hi)| GroupParams::covering(lo, hi, config.bits))
         .collect();
-    let upload = |v: Vec<f32>| Tensor::<B, 4>::from_data(TensorData::new(v, stats_shape), &device);
+    // In the block's own float type: burn 0.21 would give the device's default otherwise.
+    let dtype = grouped.dtype();
+    let upload =
+        |v: Vec<f32>| Tensor::<B, 4>::from_data(TensorData::new(v, stats_shape), (&device, dtype));
     let zeros = upload(params.iter().map(|p| p.zero.to_f32()).collect());
     let inv_scales = upload(params.iter().map(|p| p.inv_scale()).collect());
     let codes = ((grouped - zeros) * inv_scales + 0.5)
@@ -114,5 +117,8 @@ pub fn quantize_tensor<B: Backend>(
 
 /// The dequantized block as a tensor on `device` (dequantized on the host, then uploaded).
 pub fn dequantize_tensor<B: Backend>(q: &QuantizedKv, device: &B::Device) -> Tensor<B, 3> {
-    Tensor::from_data(TensorData::new(q.dequantize(), q.shape()), device)
+    // `B`'s float type named: burn 0.21 would give the device's default, which another backend
+    // on the same device may have fixed.
+    let dtype = <B::FloatElem as burn::tensor::Element>::dtype();
+    Tensor::from_data(TensorData::new(q.dequantize(), q.shape()), (device, dtype))
 }

@@ -5,7 +5,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use kvb_engine::{model_fingerprint, Engine, EngineConfig};
 use kvb_model::fetch::{ensure_default_model, models_dir};
 use kvb_model::{
-    load_pretrained, ActivationPrecision, LoadOptions, ModelBackend, Pretrained, WeightPrecision,
+    load_pretrained, ActivationPrecision, LoadOptions, ModelBackend, PoolPrecision, Pretrained,
+    WeightPrecision,
 };
 use std::path::{Path, PathBuf};
 
@@ -65,7 +66,7 @@ pub fn load_engine<B: ModelBackend>(
         model_fingerprint(path, m.format, m.model.config(), m.model.weight_precision())
             .context("fingerprinting the model")?;
     eprintln!(
-        "weights: {:.0} MB ({}{})",
+        "weights: {:.0} MB ({}{}{})",
         m.model.weight_bytes() as f64 / 1e6,
         match m.model.weight_precision() {
             WeightPrecision::Auto => "as stored",
@@ -76,6 +77,10 @@ pub fn load_engine<B: ModelBackend>(
         match m.model.activation_precision() {
             ActivationPrecision::F32 => String::new(),
             ActivationPrecision::Q8 => format!(", 8-bit activations on {}", q8_kernel()),
+        },
+        match PoolPrecision::native::<B>() {
+            PoolPrecision::F32 => String::new(),
+            float => format!(", computed in {float}"),
         }
     );
     let explicit = config.max_pool_bytes.is_some();

@@ -187,6 +187,23 @@ fn an_empty_prompt_is_refused() {
 }
 
 #[test]
+fn a_float_type_the_backend_lacks_is_refused_with_the_reason() {
+    let (_d, model) = tiny_model();
+    refused_untouched(
+        &model,
+        &["--dtype", "f16"],
+        &["--dtype f16", "CPU backend computes in f32"],
+    );
+    refused_untouched(&model, &["--pool-dtype", "bf16"], &["no bf16 K/V pool"]);
+    #[cfg(feature = "wgpu")]
+    refused_untouched(
+        &model,
+        &["--backend", "wgpu", "--dtype", "bf16"],
+        &["--dtype bf16 needs CUDA"],
+    );
+}
+
+#[test]
 fn a_prompt_file_that_is_not_utf8_names_the_byte() {
     let (dir, model) = tiny_model();
     let file = dir.path().join("prompt.txt");

@@ -83,29 +83,38 @@ fn reduce(lines: &[Line]) -> Result<PathResult> {
     })
 }
 
-/// Replays the requests with each attention path on `backend` and returns a markdown section.
-pub fn run(kvb: &Path, backend: &str, size: &Size, raw: &Path) -> Result<String> {
+/// Replays the requests with each attention path on `backend` computing in `dtype` and returns a
+/// markdown section.
+pub fn run(kvb: &Path, backend: &str, dtype: &str, size: &Size, raw: &Path) -> Result<String> {
     std::fs::create_dir_all(raw).with_context(|| format!("creating {}", raw.display()))?;
     let requests_file = raw.join("model-requests.jsonl");
     std::fs::write(&requests_file, requests(size, Path::new("bench/corpus"))?)
         .with_context(|| format!("writing {}", requests_file.display()))?;
     let mut results = Vec::new();
     for attention in ["kernel", "reference"] {
-        eprintln!("bench attn: the default model on {backend}, {attention} attention");
-        let out = raw.join(format!("model-{backend}-{attention}.jsonl"));
+        eprintln!("bench attn: the default model on {backend} in {dtype}, {attention} attention");
+        let out = raw.join(format!("model-{backend}-{dtype}-{attention}.jsonl"));
         let mut cmd = Command::new(kvb);
-        cmd.args(["replay", "--backend", backend, "--mode", "baseline"])
-            .args(["--temperature", "0", "--requests"])
-            .arg(&requests_file)
-            .arg("--out")
-            .arg(&out)
-            .env("KVB_ATTN", attention);
+        cmd.args([
+            "replay",
+            "--backend",
+            backend,
+            "--dtype",
+            dtype,
+            "--mode",
+            "baseline",
+        ])
+        .args(["--temperature", "0", "--requests"])
+        .arg(&requests_file)
+        .arg("--out")
+        .arg(&out)
+        .env("KVB_ATTN", attention);
         crate::run(&mut cmd)?;
         results.push((attention, reduce(&read_lines(&out)?)?));
     }
     let (kernel, reference) = (&results[0].1, &results[1].1);
     let mut md = format!(
-        "\n## The default model ({backend})\n\n`kvb replay --mode baseline`: {} independent \
+        "\n## The default model ({backend}, {dtype})\n\n`kvb replay --mode baseline`: {} independent \
          prompts of {} tokens, {} generated tokens each, after a request that compiles the \
          kernels; medians.\n\n| attention | TTFT (prefill) | decode tokens/s |\n|---|---:|---:|\n",
         size.prompts, kernel.prompt_tokens, size.new_tokens

@@ -12,6 +12,11 @@
 //! When the items are too few cubes to fill the GPU (a decode step over a long cache), the keys
 //! are also split across cubes (flash-decoding): cube `z` reads one split and writes its
 //! unnormalised output with its running max and sum, and [`merge_splits_kernel`] combines them.
+//!
+//! Tensors may be half precision (`F`: f16 or bf16 weights and activations); the arithmetic is
+//! not. Scores, the running max and sum and the output accumulate in `A` (f32 at every launch),
+//! and the split partials are stored in it: an f16 sum of a few hundred weighted values loses
+//! digits, and f16 cannot hold the masked score's sentinel.
 
 use super::plan::ITEM_FIELDS;
 use cubecl::prelude::*;
@@ -21,16 +26,16 @@ const NEG_BIG: f32 = -1.0e30;
 
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn paged_attention_kernel<F: Float, I: Numeric>(
+pub(crate) fn paged_attention_kernel<F: Float, I: Numeric, A: Float, P: Float>(
     q: &Tensor<F>,         // [1, q_heads, rows, head_dim]
     k_pool: &Tensor<F>,    // [kv_heads, slots, head_dim]
     v_pool: &Tensor<F>,    // [kv_heads, slots, head_dim]
     tables: &Tensor<I>,    // every sequence's block table, concatenated
     last_slot: &Tensor<I>, // [rows]
     items: &Tensor<I>,     // [items * ITEM_FIELDS]
-    // Unsplit: [rows, q_heads * head_dim]. Split: the partials, [rows, q_heads, splits,
-    // head_dim + 2] contiguous (output, then running max and sum).
-    out: &mut Tensor<F>,
+    // Unsplit: [rows, q_heads * head_dim] (P is F). Split: the partials, [rows, q_heads,
+    // splits, head_dim + 2] contiguous (output, then running max and sum; P is A).
+    out: &mut Tensor<P>,
     scale: InputScalar,
     group: u32,
     rows_per_item: u32,
@@ -39,7 +44,7 @@ pub(crate) fn paged_attention_kernel<F: Float, I: Numeric>(
     #[comptime] head_dim: usize,
     #[comptime] tile: usize,
     #[comptime] split: bool,
-    #[define(F, I)] _dtypes: [StorageType; 2],
+    #[define(F, I, A, P)] _dtypes: [StorageType; 4],
 ) {
     let item = CUBE_POS_X as usize * ITEM_FIELDS;
     let kv_head = CUBE_POS_Y as usize;
@@ -71,20 +76,20 @@ pub(crate) fn paged_attention_kernel<F: Float, I: Numeric>(
         last = u32::cast_from(last_slot[row]) as usize;
     }
 
-    let scale = scale.get::<F>();
-    let mut q_row = Array::<F>::new(head_dim);
-    let mut acc = Array::<F>::new(head_dim);
-    let mut scores = Array::<F>::new(tile);
+    let scale = scale.get::<A>();
+    let mut q_row = Array::<A>::new(head_dim);
+    let mut acc = Array::<A>::new(head_dim);
+    let mut scores = Array::<A>::new(tile);
     for e in 0..head_dim {
-        let mut x = F::new(0.0);
+        let mut x = A::new(0.0);
         if active {
-            x = q[q_head * q.stride(1) + row * q.stride(2) + e * q.stride(3)] * scale;
+            x = A::cast_from(q[q_head * q.stride(1) + row * q.stride(2) + e * q.stride(3)]) * scale;
         }
         q_row[e] = x;
-        acc[e] = F::new(0.0);
+        acc[e] = A::new(0.0);
     }
-    let mut running_max = F::new(NEG_BIG);
-    let mut running_sum = F::new(0.0);
+    let mut running_max = A::new(NEG_BIG);
+    let mut running_sum = A::new(0.0);
 
     let mut k_tile = SharedMemory::<F>::new(tile * head_dim);
     let mut v_tile = SharedMemory::<F>::new(tile * head_dim);
@@ -119,16 +124,16 @@ pub(crate) fn paged_attention_kernel<F: Float, I: Numeric>(
             // Scores of the tile, then one rescale of the running sums for the whole tile.
             let mut tile_max = running_max;
             for j in 0..tile {
-                let mut s = F::new(NEG_BIG);
+                let mut s = A::new(NEG_BIG);
                 if start + j <= last && start + j < end {
-                    let mut dot = F::new(0.0);
+                    let mut dot = A::new(0.0);
                     for e in 0..head_dim {
-                        dot += q_row[e] * k_tile[j * head_dim + e];
+                        dot += q_row[e] * A::cast_from(k_tile[j * head_dim + e]);
                     }
                     s = dot;
                 }
                 scores[j] = s;
-                tile_max = F::max(tile_max, s);
+                tile_max = A::max(tile_max, s);
             }
             let correction = (running_max - tile_max).exp();
             running_sum *= correction;
@@ -140,7 +145,7 @@ pub(crate) fn paged_attention_kernel<F: Float, I: Numeric>(
                     let p = (scores[j] - tile_max).exp();
                     running_sum += p;
                     for e in 0..head_dim {
-                        acc[e] += p * v_tile[j * head_dim + e];
+                        acc[e] += p * A::cast_from(v_tile[j * head_dim + e]);
                     }
                 }
             }
@@ -155,14 +160,14 @@ pub(crate) fn paged_attention_kernel<F: Float, I: Numeric>(
             let q_heads = CUBE_COUNT_Y as usize * group;
             let base = ((row * q_heads + q_head) * splits + split_pos) * (head_dim + 2);
             for e in 0..head_dim {
-                out[base + e] = acc[e];
+                out[base + e] = P::cast_from(acc[e]);
             }
-            out[base + head_dim] = running_max;
-            out[base + head_dim + 1] = running_sum;
+            out[base + head_dim] = P::cast_from(running_max);
+            out[base + head_dim + 1] = P::cast_from(running_sum);
         } else {
             let base = row * out.stride(0) + q_head * head_dim;
             for e in 0..head_dim {
-                out[base + e] = acc[e] / running_sum;
+                out[base + e] = P::cast_from(acc[e] / running_sum);
             }
         }
     }
@@ -173,12 +178,12 @@ pub(crate) fn paged_attention_kernel<F: Float, I: Numeric>(
 /// and divides by the rescaled total of the sums. A split that saw no key of its row has the
 /// sentinel max, so its weight is zero.
 #[cube(launch)]
-pub(crate) fn merge_splits_kernel<F: Float>(
-    partials: &Tensor<F>, // [rows, q_heads, splits, head_dim + 2]
+pub(crate) fn merge_splits_kernel<F: Float, A: Float>(
+    partials: &Tensor<A>, // [rows, q_heads, splits, head_dim + 2]
     out: &mut Tensor<F>,  // [rows, q_heads * head_dim], contiguous
     splits: u32,
     #[comptime] head_dim: usize,
-    #[define(F)] _dtype: StorageType,
+    #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
     let row = CUBE_POS_X as usize;
     let q_head = CUBE_POS_Y as usize;
@@ -188,17 +193,17 @@ pub(crate) fn merge_splits_kernel<F: Float>(
     let width = head_dim + 2;
     let base = (row * q_heads + q_head) * splits * width;
 
-    let mut max = F::new(NEG_BIG);
+    let mut max = A::new(NEG_BIG);
     for s in 0..splits {
-        max = F::max(max, partials[base + s * width + head_dim]);
+        max = A::max(max, partials[base + s * width + head_dim]);
     }
-    let mut sum = F::new(0.0);
-    let mut acc = F::new(0.0);
+    let mut sum = A::new(0.0);
+    let mut acc = A::new(0.0);
     for s in 0..splits {
         let at = base + s * width;
         let weight = (partials[at + head_dim] - max).exp();
         sum += weight * partials[at + head_dim + 1];
         acc += weight * partials[at + e];
     }
-    out[row * out.stride(0) + q_head * head_dim + e] = acc / sum;
+    out[row * out.stride(0) + q_head * head_dim + e] = F::cast_from(acc / sum);
 }

@@ -16,7 +16,7 @@ mod pool_write;
 
 use crate::paged::{check_paged, PagedBatch, PagedDims, PagedSeq};
 use crate::{reference, AttentionBackend, AttnError, Visibility};
-use burn::tensor::{Bool, Tensor, TensorPrimitive};
+use burn::tensor::{Bool, DType, Tensor, TensorPrimitive};
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
@@ -108,7 +108,10 @@ where
         if dims.rows == 0 {
             // Zero elements: `empty` launches nothing, where burn-cubecl's `zeros` launches a kernel of
             // zero cubes, which CUDA rejects (CUDA_ERROR_INVALID_VALUE).
-            return Ok(Tensor::empty([0, dims.q_heads * dims.head_dim], &device));
+            return Ok(Tensor::empty(
+                [0, dims.q_heads * dims.head_dim],
+                (&device, q.dtype()),
+            ));
         }
         let group = dims.q_heads / dims.kv_heads;
         let client = q.clone().into_primitive().tensor().client;
@@ -176,18 +179,24 @@ fn launch<R: CubeRuntime>(
 ) -> CubeTensor<R> {
     let client = q.client.clone();
     let float = q.dtype;
+    // The kernels' arithmetic, and the split partials, are f32 whatever the tensors hold.
+    let accumulate = DType::F32;
     let int = tables.dtype;
     let device = q.device.clone();
-    let alloc = |shape: Vec<usize>| {
-        empty_device_contiguous_dtype::<R>(client.clone(), device.clone(), shape.into(), float)
+    let alloc = |shape: Vec<usize>, dtype: DType| {
+        empty_device_contiguous_dtype::<R>(client.clone(), device.clone(), shape.into(), dtype)
     };
-    let out = alloc(vec![dims.rows, dims.q_heads * dims.head_dim]);
+    let out = alloc(vec![dims.rows, dims.q_heads * dims.head_dim], float);
     let splits = l.split.splits;
     let first_pass = if splits > 1 {
-        alloc(vec![dims.rows, dims.q_heads, splits, dims.head_dim + 2])
+        alloc(
+            vec![dims.rows, dims.q_heads, splits, dims.head_dim + 2],
+            accumulate,
+        )
     } else {
         out.clone()
     };
+    let first_pass_dtype = first_pass.dtype;
     kernel::paged_attention_kernel::launch::<R>(
         &client,
         CubeCount::Static(l.items as u32, dims.kv_heads as u32, splits as u32),
@@ -199,7 +208,7 @@ fn launch<R: CubeRuntime>(
         last_slot.into_tensor_arg(),
         items.into_tensor_arg(),
         first_pass.clone().into_tensor_arg(),
-        InputScalar::new(l.scale, float),
+        InputScalar::new(l.scale, accumulate),
         l.group as u32,
         l.rows_per_item as u32,
         l.block_size as u32,
@@ -207,7 +216,12 @@ fn launch<R: CubeRuntime>(
         dims.head_dim,
         TILE_KEYS,
         splits > 1,
-        [float.into(), int.into()],
+        [
+            float.into(),
+            int.into(),
+            accumulate.into(),
+            first_pass_dtype.into(),
+        ],
     );
     if splits > 1 {
         kernel::merge_splits_kernel::launch::<R>(
@@ -218,7 +232,7 @@ fn launch<R: CubeRuntime>(
             out.clone().into_tensor_arg(),
             splits as u32,
             dims.head_dim,
-            float.into(),
+            [float.into(), accumulate.into()],
         );
     }
     out

@@ -4,7 +4,7 @@
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
-use kvb_attn::{AttnError, PagedBatch, PagedSeq};
+use kvb_attn::{float_on, AttnError, PagedBatch, PagedSeq};
 use proptest::prelude::*;
 
 /// A pool and a batch over it, owned.
@@ -31,6 +31,17 @@ pub struct Seq {
 }
 
 impl Case {
+    /// The same case with its q, K and V rounded to `B`'s float type, as a kernel on `B` sees
+    /// them: the exact answer to compare a half-precision kernel with.
+    pub fn as_stored<B: Backend>(&self, device: &B::Device) -> Case {
+        Case {
+            k: as_stored::<B>(&self.k, device),
+            v: as_stored::<B>(&self.v, device),
+            q: as_stored::<B>(&self.q, device),
+            ..self.clone()
+        }
+    }
+
     pub fn rows(&self) -> usize {
         self.seqs.iter().map(|s| s.last.len()).sum()
     }
@@ -42,8 +53,9 @@ impl Case {
         device: &B::Device,
     ) -> Result<Vec<f32>, AttnError> {
         let shape = [self.hkv, self.pool_blocks * self.bs, self.d];
-        let pool =
-            |v: &[f32]| Tensor::<B, 3>::from_data(TensorData::new(v.to_vec(), shape), device);
+        let pool = |v: &[f32]| {
+            Tensor::<B, 3>::from_data(TensorData::new(v.to_vec(), shape), float_on::<B>(device))
+        };
         self.run_on(f, (pool(&self.k), pool(&self.v)))
     }
 
@@ -57,7 +69,7 @@ impl Case {
         let rows = self.rows();
         let q = Tensor::<B, 4>::from_data(
             TensorData::new(self.q.clone(), [1, self.hq, rows, self.d]),
-            &dev,
+            float_on::<B>(&dev),
         );
         let mut start = 0;
         let seqs: Vec<PagedSeq> = self
@@ -204,14 +216,52 @@ pub fn case(
 }
 
 pub fn close(got: &[f32], want: &[f32], what: &str) -> Result<(), TestCaseError> {
+    close_within(got, want, F32_TOLERANCE, what)
+}
+
+/// An f32 kernel against an answer computed in f64, relative to `1 + |value|`.
+pub const F32_TOLERANCE: f32 = 2e-5;
+
+/// `got` within `tolerance * (1 + |want|)` of `want`, element by element.
+pub fn close_within(
+    got: &[f32],
+    want: &[f32],
+    tolerance: f32,
+    what: &str,
+) -> Result<(), TestCaseError> {
     prop_assert_eq!(got.len(), want.len());
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         prop_assert!(
-            (g - w).abs() <= 2e-5 * (1.0 + w.abs()),
+            (g - w).abs() <= tolerance * (1.0 + w.abs()),
             "{what}: element {i}: {g} vs {w}"
         );
     }
     Ok(())
+}
+
+/// The tolerance of a kernel whose tensors hold `B`'s float type, against an answer computed
+/// exactly from the same (already rounded) inputs: the output's own rounding and a little more.
+/// f16 keeps 11 significant bits (a step of 4.9e-4 relative), bf16 8 (3.9e-3). A kernel that
+/// accumulated in half precision misses these by several times on a few hundred keys.
+pub fn tolerance<B: Backend>() -> f32 {
+    use burn::tensor::{DType, Element};
+    match <B::FloatElem as Element>::dtype() {
+        DType::F16 => 1e-3,
+        DType::BF16 => 8e-3,
+        _ => F32_TOLERANCE,
+    }
+}
+
+/// `values` as `B` stores them (rounded to its float type), back in f32.
+pub fn as_stored<B: Backend>(values: &[f32], device: &B::Device) -> Vec<f32> {
+    Tensor::<B, 1>::from_data(
+        TensorData::new(values.to_vec(), [values.len()]),
+        float_on::<B>(device),
+    )
+    .into_data()
+    .convert::<f32>()
+    .to_vec::<f32>()
+    .unwrap()
 }
 
 pub fn shapes() -> impl Strategy<Value = (usize, usize, usize, usize)> {

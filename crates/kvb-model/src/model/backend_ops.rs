@@ -47,7 +47,10 @@ pub trait ModelBackend: AttentionBackend {
         let [m, _] = x.dims();
         let device = x.device();
         let y = super::int8::matmul(&crate::to_host_f32(x), m, w);
-        Tensor::from_data(TensorData::new(y, [m, w.n()]), &device)
+        Tensor::from_data(
+            TensorData::new(y, [m, w.n()]),
+            kvb_attn::float_on::<Self>(&device),
+        )
     }
 
     /// Splits fused projections `qkv` `[n, (hq + 2 hkv) d]` into q `[1, hq, n, d]` and k, v
@@ -70,10 +73,10 @@ pub trait ModelBackend: AttentionBackend {
         gated_activation_reference(gu, act)
     }
 
-    /// Whether a K/V pool can hold values in `precision` here. Here f32 only: burn's generic
-    /// ops would need f16 tensors on every backend, and the GPU path is its own work.
+    /// Whether a K/V pool can hold values in `precision` here. Here the backend's own float
+    /// type only ([`PoolPrecision::native`]): the pool is a plain tensor of it.
     fn holds_pool_precision(precision: PoolPrecision) -> bool {
-        precision == PoolPrecision::F32
+        precision == PoolPrecision::native::<Self>()
     }
 
     /// A zeroed K/V pool layer `[kv_heads, slots, head_dim]` holding `precision` (one that
@@ -83,7 +86,7 @@ pub trait ModelBackend: AttentionBackend {
         _precision: PoolPrecision,
         device: &burn::tensor::Device<Self>,
     ) -> Tensor<Self, 3> {
-        Tensor::zeros(shape, device)
+        Tensor::zeros(shape, kvb_attn::float_on::<Self>(device))
     }
 
     /// The pool layer `pool` grown to `slots` slots, keeping its values (new slots zeroed).
@@ -203,7 +206,7 @@ impl HostKv<'_> {
     ) -> Tensor<B, 3> {
         Tensor::from_data(
             TensorData::new(self.rows(heads, d, n), [heads, n, d]),
-            device,
+            kvb_attn::float_on::<B>(device),
         )
     }
 
@@ -228,7 +231,7 @@ pub fn pool_read<B: Backend>(pool: &Tensor<B, 3>, slots: &[usize]) -> Tensor<B, 
     match parts.len() {
         // Zero elements: `empty` launches nothing, where burn-cubecl's `zeros` launches a kernel of
         // zero cubes, which CUDA rejects (CUDA_ERROR_INVALID_VALUE).
-        0 => Tensor::empty([h, 0, d], &pool.device()),
+        0 => Tensor::empty([h, 0, d], (&pool.device(), pool.dtype())),
         1 => parts.pop().expect("one part"),
         n if n <= 8 => Tensor::cat(parts, 1),
         _ => {
@@ -263,7 +266,10 @@ pub fn split_heads_reference<B: burn::tensor::backend::Backend>(
 
 /// [`ModelBackend::packed_linear`] by expanding the weight to f32 first.
 pub fn packed_linear_reference<B: ModelBackend>(x: Tensor<B, 2>, w: &PackedMatrix) -> Tensor<B, 2> {
-    let dense = Tensor::from_data(TensorData::new(w.to_dense(), [w.k(), w.n()]), &x.device());
+    let dense = Tensor::from_data(
+        TensorData::new(w.to_dense(), [w.k(), w.n()]),
+        (&x.device(), x.dtype()),
+    );
     B::linear_matmul(x, dense)
 }
 

@@ -33,7 +33,10 @@ pub(super) fn round_tensor<B: ModelBackend, const D: usize>(
     let (shape, device) = (x.shape(), x.device());
     let values = crate::to_host_f32(x);
     let rounded: Vec<f32> = values.into_iter().map(bf16).collect();
-    Ok(Tensor::from_data(TensorData::new(rounded, shape), &device))
+    Ok(Tensor::from_data(
+        TensorData::new(rounded, shape),
+        kvb_attn::float_on::<B>(&device),
+    ))
 }
 
 /// A packed matrix's weights rounded to bf16 (packed as bf16 when its width allows whole cells,
@@ -65,7 +68,7 @@ impl<B: ModelBackend> Linear<B> {
                     let dense: Vec<f32> = p.to_dense().into_iter().map(bf16).collect();
                     LinearWeight::Dense(Tensor::from_data(
                         TensorData::new(dense, [p.k(), p.n()]),
-                        device,
+                        kvb_attn::float_on::<B>(device),
                     ))
                 }
             },
@@ -90,7 +93,7 @@ impl<B: ModelBackend> Embedding<B> {
                     let rows: Vec<f32> = p.to_torch_layout().into_iter().map(bf16).collect();
                     Embedding::Dense(Tensor::from_data(
                         TensorData::new(rows, [p.n(), p.k()]),
-                        device,
+                        kvb_attn::float_on::<B>(device),
                     ))
                 }
             },

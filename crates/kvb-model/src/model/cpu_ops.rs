@@ -236,8 +236,8 @@ impl ModelBackend for NdArray<f32> {
     }
 
     /// f32 and f16 (see [`super::cpu_pool`]).
-    fn holds_pool_precision(_precision: PoolPrecision) -> bool {
-        true
+    fn holds_pool_precision(precision: PoolPrecision) -> bool {
+        precision != PoolPrecision::Bf16
     }
 
     fn pool_zeros(

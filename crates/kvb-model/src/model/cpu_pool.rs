@@ -76,6 +76,9 @@ pub(super) fn zeros(shape: [usize; 3], precision: PoolPrecision) -> Layer {
     let data = match precision {
         PoolPrecision::F32 => TensorData::new(vec![0f32; n], shape),
         PoolPrecision::F16 => TensorData::new(vec![0u16; n], shape),
+        PoolPrecision::Bf16 => {
+            unreachable!("KvPool refuses bf16 on the CPU (holds_pool_precision)")
+        }
     };
     Tensor::from_primitive(TensorPrimitive::Float(NdArrayTensor::from_data(data)))
 }

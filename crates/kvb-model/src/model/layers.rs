@@ -9,6 +9,7 @@ use crate::weights::HostTensor;
 use burn::tensor::activation::{gelu, gelu_approximate, silu};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
+use kvb_attn::float_on;
 use std::sync::Arc;
 
 /// `y = x W + b` with `W` stored `[in, out]`, contiguous.
@@ -49,7 +50,7 @@ impl<B: ModelBackend> Linear<B> {
         Linear {
             weight: LinearWeight::Dense(Tensor::from_data(
                 TensorData::new(t, [cols, rows]),
-                device,
+                float_on::<B>(device),
             )),
             bias: bias_tensor(bias, device),
         }
@@ -75,7 +76,7 @@ impl<B: ModelBackend> Linear<B> {
         } else {
             LinearWeight::Dense(Tensor::from_data(
                 TensorData::new(weight.to_dense(), [weight.k(), weight.n()]),
-                device,
+                float_on::<B>(device),
             ))
         };
         Linear {
@@ -124,7 +125,7 @@ impl<B: ModelBackend> Linear<B> {
     /// Bytes the weight holds.
     pub fn weight_bytes(&self) -> usize {
         match &self.weight {
-            LinearWeight::Dense(w) => w.shape().num_elements() * 4,
+            LinearWeight::Dense(w) => w.shape().num_elements() * w.dtype().size(),
             LinearWeight::Packed(w) => w.bytes(),
             #[cfg(feature = "ndarray")]
             LinearWeight::IntDot(w) => w.bytes(),
@@ -138,7 +139,7 @@ fn bias_tensor<B: ModelBackend>(
 ) -> Option<Tensor<B, 1>> {
     bias.map(|b| {
         let n = b.len();
-        Tensor::from_data(TensorData::new(b, [n]), device)
+        Tensor::from_data(TensorData::new(b, [n]), float_on::<B>(device))
     })
 }
 
@@ -181,7 +182,10 @@ impl<B: ModelBackend> Embedding<B> {
     /// From host values `[vocab, hidden]`.
     pub fn dense(t: HostTensor, device: &B::Device) -> Self {
         let shape = [t.shape[0], t.shape[1]];
-        Embedding::Dense(Tensor::from_data(TensorData::new(t.data, shape), device))
+        Embedding::Dense(Tensor::from_data(
+            TensorData::new(t.data, shape),
+            float_on::<B>(device),
+        ))
     }
 
     /// `[n, hidden]`: the rows of `tokens` (each below the vocabulary size).
@@ -195,12 +199,12 @@ impl<B: ModelBackend> Embedding<B> {
             }
             Embedding::Packed(p) => {
                 let rows: Vec<f32> = tokens.iter().flat_map(|&t| p.column(t as usize)).collect();
-                Tensor::from_data(TensorData::new(rows, [n, p.k()]), device)
+                Tensor::from_data(TensorData::new(rows, [n, p.k()]), float_on::<B>(device))
             }
             #[cfg(feature = "ndarray")]
             Embedding::IntDot(p) => {
                 let rows: Vec<f32> = tokens.iter().flat_map(|&t| p.column(t as usize)).collect();
-                Tensor::from_data(TensorData::new(rows, [n, p.k()]), device)
+                Tensor::from_data(TensorData::new(rows, [n, p.k()]), float_on::<B>(device))
             }
         }
     }
@@ -208,7 +212,7 @@ impl<B: ModelBackend> Embedding<B> {
     /// Bytes the table holds.
     pub fn bytes(&self) -> usize {
         match self {
-            Embedding::Dense(t) => t.shape().num_elements() * 4,
+            Embedding::Dense(t) => t.shape().num_elements() * t.dtype().size(),
             Embedding::Packed(p) => p.bytes(),
             #[cfg(feature = "ndarray")]
             Embedding::IntDot(p) => p.bytes(),
@@ -232,7 +236,7 @@ impl<B: ModelBackend> RmsNorm<B> {
         }
         let n = weight.len();
         RmsNorm {
-            weight: Tensor::from_data(TensorData::new(weight, [1, n]), device),
+            weight: Tensor::from_data(TensorData::new(weight, [1, n]), float_on::<B>(device)),
             eps,
         }
     }

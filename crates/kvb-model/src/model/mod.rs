@@ -539,7 +539,12 @@ impl<B: ModelBackend> Model<B> {
             }
             // Zero elements: `empty` launches nothing, where burn-cubecl's `zeros` launches a kernel of
             // zero cubes, which CUDA rejects (CUDA_ERROR_INVALID_VALUE).
-            LogitsFor::Nothing => return Ok(Tensor::empty([0, c.vocab_size], &self.device)),
+            LogitsFor::Nothing => {
+                return Ok(Tensor::empty(
+                    [0, c.vocab_size],
+                    kvb_attn::float_on::<B>(&self.device),
+                ))
+            }
         };
         let x = match rows {
             Some(rows) if rows.len() == 1 => {

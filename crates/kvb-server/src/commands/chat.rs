@@ -25,9 +25,11 @@ pub struct ChatArgs {
 /// Runs `kvb chat`.
 pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     let path = model_arg::resolve(args.model.model.as_deref())?;
-    with_backend!(args.model.backend, |B, device| run_on::<B>(
-        &args, &path, &device
-    ))
+    with_backend!(
+        args.model.backend,
+        args.model.dtype,
+        |B, device| run_on::<B>(&args, &path, &device)
+    )
 }
 
 fn run_on<B: ModelBackend>(
@@ -35,7 +37,7 @@ fn run_on<B: ModelBackend>(
     path: &std::path::Path,
     device: &B::Device,
 ) -> anyhow::Result<()> {
-    probe_device::<B>(device, args.model.backend)?;
+    probe_device::<B>(device, args.model.backend, args.model.dtype)?;
     let engine = std::sync::Arc::new(model_arg::load_engine::<B>(
         path,
         args.engine.config(&args.model),

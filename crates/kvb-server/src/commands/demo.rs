@@ -76,9 +76,11 @@ fn row(
 /// Runs `kvb demo`.
 pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     let path = model_arg::resolve(args.model.model.as_deref())?;
-    with_backend!(args.model.backend, |B, device| run_on::<B>(
-        &args, &path, &device
-    ))
+    with_backend!(
+        args.model.backend,
+        args.model.dtype,
+        |B, device| run_on::<B>(&args, &path, &device)
+    )
 }
 
 fn run_on<B: ModelBackend>(
@@ -86,7 +88,7 @@ fn run_on<B: ModelBackend>(
     path: &std::path::Path,
     device: &B::Device,
 ) -> anyhow::Result<()> {
-    probe_device::<B>(device, args.model.backend)?;
+    probe_device::<B>(device, args.model.backend, args.model.dtype)?;
     let engine: Engine<B> = model_arg::load_engine(path, EngineConfig::new(1 << 30), device)?;
     let opts = |mode| GenerateOptions {
         max_new_tokens: args.max_new_tokens,

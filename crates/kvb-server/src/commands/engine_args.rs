@@ -24,8 +24,9 @@ pub struct EngineArgs {
     /// Token slots per block of the K/V pool (a power of two).
     #[arg(long, default_value_t = defaults().block_size)]
     pub block_size: usize,
-    /// Element type of the K/V pool: auto (f16 on the CPU when the weights are quantized to
-    /// integers, as a GGUF's Q4/Q8; f32 otherwise), f32 or f16 (CPU).
+    /// Element type of the K/V pool: auto (a GPU's --dtype; on the CPU f16 when the weights are
+    /// quantized to integers, as a GGUF's Q4/Q8, f32 otherwise), f32 or f16 (CPU), or the
+    /// --dtype of a GPU backend.
     #[arg(long, default_value_t = defaults().pool_dtype)]
     pub pool_dtype: PoolDtype,
     /// Token rows one forward pass runs at most (decode rows, then prefill slices).

@@ -7,7 +7,7 @@ use crate::model_arg;
 use anyhow::Context;
 use clap::Args;
 use kvb_engine::{GenerateOptions, GenerationResult};
-use kvb_model::backends::BackendKind;
+use kvb_model::backends::{BackendKind, FloatDtype};
 use kvb_model::generate::SamplingParams;
 use kvb_model::{ActivationPrecision, ChatMessage, ModelBackend, WeightPrecision};
 use std::io::Write;
@@ -64,6 +64,11 @@ pub struct ModelArgs {
     /// cpu (default), wgpu or cuda, as compiled in.
     #[arg(long, default_value = "cpu", value_parser = parse_backend)]
     pub backend: BackendKind,
+    /// Float type of weights, activations and the K/V pool on a GPU backend: f32 (default), f16
+    /// (wgpu, CUDA: half the memory; attention and normalisation still sum in f32) or bf16
+    /// (CUDA). The CPU computes in f32 (see --weights and --pool-dtype).
+    #[arg(long, default_value_t = FloatDtype::F32)]
+    pub dtype: FloatDtype,
     /// Try unknown architectures as Llama-layout models.
     #[arg(long)]
     pub no_strict: bool,
@@ -125,9 +130,11 @@ pub fn summary(r: &GenerationResult) -> String {
 /// Runs `kvb generate`.
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let path = model_arg::resolve(args.model.model.as_deref())?;
-    with_backend!(args.model.backend, |B, device| run_on::<B>(
-        &args, &path, &device
-    ))
+    with_backend!(
+        args.model.backend,
+        args.model.dtype,
+        |B, device| run_on::<B>(&args, &path, &device)
+    )
 }
 
 fn run_on<B: ModelBackend>(
@@ -135,7 +142,7 @@ fn run_on<B: ModelBackend>(
     path: &std::path::Path,
     device: &B::Device,
 ) -> anyhow::Result<()> {
-    probe_device::<B>(device, args.model.backend)?;
+    probe_device::<B>(device, args.model.backend, args.model.dtype)?;
     let text = match (&args.prompt, &args.prompt_file) {
         (Some(text), _) => text.clone(),
         (None, Some(file)) => read_text_file(file, "prompt file")?,

@@ -52,9 +52,11 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<()> {
         );
     }
     let path = model_arg::resolve(args.model.model.as_deref())?;
-    with_backend!(args.model.backend, |B, device| run_on::<B>(
-        &args, &requests, &path, &device
-    ))
+    with_backend!(
+        args.model.backend,
+        args.model.dtype,
+        |B, device| run_on::<B>(&args, &requests, &path, &device)
+    )
 }
 
 fn run_on<B: ModelBackend>(
@@ -63,7 +65,7 @@ fn run_on<B: ModelBackend>(
     path: &Path,
     device: &B::Device,
 ) -> anyhow::Result<()> {
-    probe_device::<B>(device, args.model.backend)?;
+    probe_device::<B>(device, args.model.backend, args.model.dtype)?;
     let engine = model_arg::load_engine::<B>(path, args.engine.config(&args.model), device)?;
     let floor = if args.no_noise_floor {
         None

@@ -104,9 +104,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
     }
     let path = model_arg::resolve(args.model.model.as_deref())?;
-    with_backend!(args.model.backend, |B, device| run_on::<B>(
-        &args, &path, &device
-    ))
+    with_backend!(
+        args.model.backend,
+        args.model.dtype,
+        |B, device| run_on::<B>(&args, &path, &device)
+    )
 }
 
 /// Logs to stderr; `RUST_LOG` sets the level (default: info).
@@ -124,7 +126,7 @@ fn run_on<B: ModelBackend>(
     path: &std::path::Path,
     device: &B::Device,
 ) -> anyhow::Result<()> {
-    probe_device::<B>(device, args.model.backend)?;
+    probe_device::<B>(device, args.model.backend, args.model.dtype)?;
     let engine: Arc<dyn ServedEngine> = Arc::new(model_arg::load_engine::<B>(
         path,
         args.engine.config(&args.model),

@@ -1,6 +1,8 @@
-//! The gated MLP's middle, `act(gate) * up`, in one launch: a unit per output value.
+//! The gated MLP's middle, `act(gate) * up`, in one launch: a unit per output value, computed
+//! in f32 (`A`) whatever the tensors hold (f16's exponential overflows at 11).
 
 use crate::config::Activation;
+use burn::tensor::DType;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
@@ -32,26 +34,26 @@ impl Kind {
 }
 
 #[cube(launch)]
-fn gated_kernel<F: Float>(
+fn gated_kernel<F: Float, A: Float>(
     gu: &Tensor<F>,      // [n, 2 i], gate then up, any strides
     out: &mut Tensor<F>, // [n, i], contiguous
     #[comptime] gelu_tanh: bool,
-    #[define(F)] _dtype: StorageType,
+    #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
     let i = out.shape(1);
     let pos = ABSOLUTE_POS;
     if pos < out.shape(0) * i {
         let r = pos / i;
         let c = pos % i;
-        let g = gu[r * gu.stride(0) + c * gu.stride(1)];
-        let up = gu[r * gu.stride(0) + (c + i) * gu.stride(1)];
+        let g = A::cast_from(gu[r * gu.stride(0) + c * gu.stride(1)]);
+        let up = A::cast_from(gu[r * gu.stride(0) + (c + i) * gu.stride(1)]);
         // SiLU, unless the comptime flag asks for GELU's tanh form.
-        let mut a = g / (F::new(1.0) + F::exp(-g));
+        let mut a = g / (A::new(1.0) + A::exp(-g));
         if gelu_tanh {
-            let inner = F::new(0.797_884_6) * (g + F::new(0.044715) * g * g * g);
-            a = F::new(0.5) * g * (F::new(1.0) + F::tanh(inner));
+            let inner = A::new(0.797_884_6) * (g + A::new(0.044715) * g * g * g);
+            a = A::new(0.5) * g * (A::new(1.0) + A::tanh(inner));
         }
-        out[pos] = a * up;
+        out[pos] = F::cast_from(a * up);
     }
 }
 
@@ -76,7 +78,7 @@ pub(super) fn launch<R: CubeRuntime>(gu: CubeTensor<R>, kind: Kind) -> CubeTenso
         gu.clone().into_tensor_arg(),
         out.clone().into_tensor_arg(),
         kind == Kind::GeluTanh,
-        dtype.into(),
+        [dtype.into(), DType::F32.into()],
     );
     out
 }

@@ -1,6 +1,9 @@
 //! RMSNorm of each row in one launch: a cube per row sums its squares in a tree in shared
-//! memory, then scales the row by the weight.
+//! memory, then scales the row by the weight. The sum and the scale are f32 (`A`) whatever the
+//! tensors hold: a half-precision row of a few hundred values in the tens overflows f16's range
+//! when squared and summed.
 
+use burn::tensor::DType;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
@@ -11,13 +14,13 @@ use cubecl::prelude::*;
 const UNITS: usize = 128;
 
 #[cube(launch)]
-fn rms_norm_kernel<F: Float>(
+fn rms_norm_kernel<F: Float, A: Float>(
     x: &Tensor<F>,       // [n, h], any strides
     weight: &Tensor<F>,  // [1, h]
     out: &mut Tensor<F>, // [n, h], contiguous
     eps: InputScalar,
     #[comptime] units: usize,
-    #[define(F)] _dtype: StorageType,
+    #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
     let row = CUBE_POS_X as usize;
     let unit = UNIT_POS_X as usize;
@@ -26,12 +29,12 @@ fn rms_norm_kernel<F: Float>(
 
     // Unit `unit` takes values unit, unit + units, ...
     let steps = (h + units - 1 - unit) / units;
-    let mut partial = F::new(0.0);
+    let mut partial = A::new(0.0);
     for s in 0..steps {
-        let v = x[base + (unit + s * units) * x.stride(1)];
+        let v = A::cast_from(x[base + (unit + s * units) * x.stride(1)]);
         partial += v * v;
     }
-    let mut sums = SharedMemory::<F>::new(units);
+    let mut sums = SharedMemory::<A>::new(units);
     sums[unit] = partial;
     sync_cube();
     // A runtime count (the cube's units): a `let mut` copy of a comptime value stays a constant
@@ -44,13 +47,16 @@ fn rms_norm_kernel<F: Float>(
         sync_cube();
         half /= 2;
     }
-    let mean = sums[0] / F::cast_from(h as u32);
-    let inv = F::new(1.0) / F::sqrt(mean + eps.get::<F>());
+    let mean = sums[0] / A::cast_from(h as u32);
+    let inv = A::new(1.0) / A::sqrt(mean + eps.get::<A>());
 
     for s in 0..steps {
         let e = unit + s * units;
-        out[row * out.stride(0) + e] =
-            x[base + e * x.stride(1)] * inv * weight[e * weight.stride(1)];
+        out[row * out.stride(0) + e] = F::cast_from(
+            A::cast_from(x[base + e * x.stride(1)])
+                * inv
+                * A::cast_from(weight[e * weight.stride(1)]),
+        );
     }
 }
 
@@ -78,9 +84,9 @@ pub(super) fn launch<R: CubeRuntime>(
         x.clone().into_tensor_arg(),
         weight.into_tensor_arg(),
         out.clone().into_tensor_arg(),
-        InputScalar::new(eps, dtype),
+        InputScalar::new(eps, DType::F32),
         units,
-        dtype.into(),
+        [dtype.into(), DType::F32.into()],
     );
     out
 }

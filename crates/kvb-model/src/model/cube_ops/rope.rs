@@ -1,13 +1,15 @@
 //! The fused q/k/v projection split into heads, with q and k rotated to their positions, in one
-//! launch: a cube per (token, head of q, k and v), a unit per value of the head.
+//! launch: a cube per (token, head of q, k and v), a unit per value of the head. The rotation
+//! is computed in f32 (`A`) and rounded once, whatever the tensors hold.
 
+use burn::tensor::DType;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
 use cubecl::prelude::*;
 
 #[cube(launch)]
-fn split_rope_kernel<F: Float>(
+fn split_rope_kernel<F: Float, A: Float>(
     qkv: &Tensor<F>,        // [n, (hq + 2 hkv) d], any strides
     cos: &Tensor<F>,        // [1, 1, n, d]
     signed_sin: &Tensor<F>, // [1, 1, n, d]
@@ -17,7 +19,7 @@ fn split_rope_kernel<F: Float>(
     q_heads: u32,
     kv_heads: u32,
     #[comptime] head_dim: usize,
-    #[define(F)] _dtype: StorageType,
+    #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
     let t = CUBE_POS_X as usize;
     let head = CUBE_POS_Y as usize;
@@ -33,10 +35,10 @@ fn split_rope_kernel<F: Float>(
         if e >= half {
             pair = e - half;
         }
-        let y = qkv[base + pair * qkv.stride(1)];
-        let at = t * cos.stride(2) + e * cos.stride(3);
-        let rotated =
-            x * cos[at] + y * signed_sin[t * signed_sin.stride(2) + e * signed_sin.stride(3)];
+        let y = A::cast_from(qkv[base + pair * qkv.stride(1)]);
+        let c = A::cast_from(cos[t * cos.stride(2) + e * cos.stride(3)]);
+        let s = A::cast_from(signed_sin[t * signed_sin.stride(2) + e * signed_sin.stride(3)]);
+        let rotated = F::cast_from(A::cast_from(x) * c + y * s);
         if head < hq {
             q[head * q.stride(1) + t * q.stride(2) + e] = rotated;
         } else {
@@ -81,7 +83,7 @@ pub(super) fn launch<R: CubeRuntime>(
         hq as u32,
         hkv as u32,
         d,
-        dtype.into(),
+        [dtype.into(), DType::F32.into()],
     );
     [q, k, v]
 }

@@ -55,9 +55,11 @@ pub struct ReplayArgs {
 pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
     let requests = read_requests(&args.requests)?;
     let path = model_arg::resolve(args.model.model.as_deref())?;
-    with_backend!(args.model.backend, |B, device| run_on::<B>(
-        &args, &requests, &path, &device
-    ))
+    with_backend!(
+        args.model.backend,
+        args.model.dtype,
+        |B, device| run_on::<B>(&args, &requests, &path, &device)
+    )
 }
 
 /// A client's conversation so far: the last prompt and its answer.
@@ -243,7 +245,7 @@ fn run_on<B: ModelBackend>(
     path: &Path,
     device: &B::Device,
 ) -> anyhow::Result<()> {
-    probe_device::<B>(device, args.model.backend)?;
+    probe_device::<B>(device, args.model.backend, args.model.dtype)?;
     let engine = model_arg::load_engine::<B>(path, args.engine.config(&args.model), device)?;
     let out: Box<dyn Write + Send> = match &args.out {
         Some(p) => Box::new(std::io::BufWriter::new(
