@@ -29,6 +29,12 @@
 //!   same bits as over an f32 pool holding them (tested). burn's reference ops cannot read it; a
 //!   pool the kernels cannot read in place is then an error, never a misread.
 //!
+//! - **Half precision (GPU).** On a CubeCL backend holding f16 or bf16 (kvb's `--dtype`), the
+//!   kernels read half precision and compute scores, softmax sums and outputs in f32, rounding
+//!   once on write: they stay within the output's own rounding of the exact answer from the same
+//!   inputs (`tests/cube_matches_naive.rs`, tolerances per dtype). [`float_on`] names a backend's
+//!   float type where kvb creates a tensor, which burn 0.21 would otherwise take from the device.
+//!
 //! - **Pool writes.** [`AttentionBackend::pool_scatter`] writes new K/V at a pool's slots; the
 //!   CubeCL backends do it in one launch per call (burn's ops need one per run of consecutive
 //!   slots), with the same values (`tests/cube_matches_naive.rs`).
