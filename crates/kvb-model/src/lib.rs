@@ -15,14 +15,17 @@
 //! | tokenizer and chat templates | [`tokenizer`] |
 //! | RoPE at arbitrary positions, re-rotation of cached keys | [`rope`] |
 //! | the transformer and its forward pass over ragged batches | [`model`] |
-//! | K/V in blocks shared by many sequences (f32, or f16 on the CPU); one sequence's cache | [`kv_pool`], [`PoolPrecision`], [`kv_cache`] |
+//! | K/V in blocks shared by many sequences (f32, or f16 on the CPU; a GPU backend's own float type); one sequence's cache | [`kv_pool`], [`PoolPrecision`], [`kv_cache`] |
 //! | greedy and sampled generation with streaming | [`generate`] |
 //! | the embedded default model (SmolLM2-135M-Instruct) | [`fetch`] |
 //!
 //! Backends are cargo features: `ndarray` (default), `wgpu`, `cuda`; the code is one generic path.
 //! A backend overrides a row operation only where it has a measured reason to ([`ModelBackend`]):
 //! burn-ndarray with fused CPU passes, the CubeCL backends with one kernel each for RMSNorm, the
-//! head split with RoPE and the gated activation.
+//! head split with RoPE and the gated activation. A GPU backend may hold f16 or bf16
+//! ([`backends::FloatDtype`], `--dtype`): its kernels sum in f32 and round once on write, and every
+//! tensor kvb creates names the backend's float type ([`float_on`]; `tests/wgpu_backend.rs` runs the
+//! tiny families in f16 against f32).
 //!
 //! Promises, each proved by a test:
 //! - logits match HuggingFace transformers (golden files) for every supported family, from a
