@@ -69,7 +69,9 @@ pub fn load_engine<B: ModelBackend>(
         "weights: {:.0} MB ({}{}{})",
         m.model.weight_bytes() as f64 / 1e6,
         match m.model.weight_precision() {
-            WeightPrecision::Auto => "as stored",
+            WeightPrecision::Auto if B::runs_packed_weights() => "as stored",
+            // A GPU backend multiplies dense tensors: GGUF blocks are expanded at load.
+            WeightPrecision::Auto => "as stored, expanded to the backend's float type",
             WeightPrecision::F32 => "f32",
             WeightPrecision::Bf16 => "bf16",
             WeightPrecision::Q8_0 => "q8_0",
