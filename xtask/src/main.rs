@@ -67,6 +67,13 @@ commands:
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args
+        .iter()
+        .any(|a| matches!(a.as_str(), "-h" | "--help" | "help"))
+    {
+        println!("{USAGE}");
+        return Ok(());
+    }
     let root = workspace_root();
     std::env::set_current_dir(&root).with_context(|| format!("cd {}", root.display()))?;
     match args.first().map(String::as_str) {
@@ -82,8 +89,15 @@ fn main() -> Result<()> {
     }
 }
 
+/// The workspace this xtask was run from. `cargo run` names xtask's folder in
+/// `CARGO_MANIFEST_DIR` at run time; the compile-time path is only the fallback, because a build
+/// is reused after its clone moves (mtimes survive a move, so cargo sees nothing to rebuild) and
+/// the old path no longer exists.
 fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    let xtask_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    xtask_dir
         .parent()
         .expect("xtask lives one folder below the workspace root")
         .to_path_buf()

@@ -2,7 +2,7 @@
 //! [`GenerateOptions::default`]); the command line reads its defaults from them.
 
 use kvb_model::generate::SamplingParams;
-use kvb_model::{ActivationPrecision, Model, ModelBackend, PoolPrecision, WeightPrecision};
+use kvb_model::{ActivationPrecision, FloatDtype, Model, ModelBackend, WeightPrecision};
 use kvb_quant::{Bits, QuantConfig};
 use kvb_repair::RecomputeStrategy;
 use kvb_store::{EvictionPolicy, KvFormat, RemoteConfig};
@@ -105,20 +105,20 @@ impl PoolDtype {
     pub const NAMES: [&'static str; 4] = ["auto", "f32", "f16", "bf16"];
 
     /// The precision a pool holds for `model` on backend `B`.
-    pub fn resolve<B: ModelBackend>(self, model: &Model<B>) -> PoolPrecision {
+    pub fn resolve<B: ModelBackend>(self, model: &Model<B>) -> FloatDtype {
         match self {
-            PoolDtype::F32 => PoolPrecision::F32,
-            PoolDtype::F16 => PoolPrecision::F16,
-            PoolDtype::Bf16 => PoolPrecision::Bf16,
-            PoolDtype::Auto if PoolPrecision::native::<B>() != PoolPrecision::F32 => {
-                PoolPrecision::native::<B>()
+            PoolDtype::F32 => FloatDtype::F32,
+            PoolDtype::F16 => FloatDtype::F16,
+            PoolDtype::Bf16 => FloatDtype::Bf16,
+            PoolDtype::Auto if FloatDtype::native::<B>() != FloatDtype::F32 => {
+                FloatDtype::native::<B>()
             }
             PoolDtype::Auto
-                if B::holds_pool_precision(PoolPrecision::F16) && model.has_quantized_weights() =>
+                if B::holds_pool_precision(FloatDtype::F16) && model.has_quantized_weights() =>
             {
-                PoolPrecision::F16
+                FloatDtype::F16
             }
-            PoolDtype::Auto => PoolPrecision::F32,
+            PoolDtype::Auto => FloatDtype::F32,
         }
     }
 }
@@ -140,11 +140,11 @@ impl std::str::FromStr for PoolDtype {
         match s.to_ascii_lowercase().as_str() {
             "auto" => Ok(PoolDtype::Auto),
             other => other
-                .parse::<PoolPrecision>()
+                .parse::<FloatDtype>()
                 .map(|p| match p {
-                    PoolPrecision::F32 => PoolDtype::F32,
-                    PoolPrecision::F16 => PoolDtype::F16,
-                    PoolPrecision::Bf16 => PoolDtype::Bf16,
+                    FloatDtype::F32 => PoolDtype::F32,
+                    FloatDtype::F16 => PoolDtype::F16,
+                    FloatDtype::Bf16 => PoolDtype::Bf16,
                 })
                 .map_err(|_| {
                     format!(

@@ -14,7 +14,7 @@ use kvb_chunk::{boundary_tokens, ChunkConfig, ChunkStrategy};
 use kvb_hash::Namespace;
 use kvb_model::generate::{eos_ids, Continuation, GenerateParams, StreamEvent};
 use kvb_model::{
-    load_pretrained, ActivationPrecision, KvPool, LoadOptions, Model, ModelBackend, PoolPrecision,
+    load_pretrained, ActivationPrecision, FloatDtype, KvPool, LoadOptions, Model, ModelBackend,
     Tokenizer,
 };
 use kvb_store::{ChunkStore, DiskConfig, KvFormat, StoreConfig, StoreStats};
@@ -53,7 +53,7 @@ pub struct Engine<B: ModelBackend> {
     next_id: AtomicU64,
     max_blocks: usize,
     /// What the pool holds, and so what one block of it weighs.
-    pool_precision: PoolPrecision,
+    pool_precision: FloatDtype,
     block_bytes: usize,
 }
 
@@ -117,8 +117,8 @@ impl<B: ModelBackend> Engine<B> {
         }
         // So does a backend computing in half precision (a GPU's `--dtype`), whatever the pool
         // holds: an f16 pool filled by f32 arithmetic is not one filled by f16 arithmetic.
-        let float = PoolPrecision::native::<B>();
-        if float != PoolPrecision::F32 {
+        let float = FloatDtype::native::<B>();
+        if float != FloatDtype::F32 {
             namespace = namespace.extra("float", float.as_str());
         }
         let namespace = namespace.build();
@@ -154,8 +154,8 @@ impl<B: ModelBackend> Engine<B> {
         )?;
         let eos = eos_ids(&c.eos_token_ids, &tokenizer);
         let store_format = match (config.kv_precision, precision) {
-            (KvPrecision::F32, PoolPrecision::F16) => KvFormat::F16,
-            (KvPrecision::F32, PoolPrecision::Bf16) => KvFormat::Bf16,
+            (KvPrecision::F32, FloatDtype::F16) => KvFormat::F16,
+            (KvPrecision::F32, FloatDtype::Bf16) => KvFormat::Bf16,
             (stored, _) => stored.format(),
         };
         let shared = Arc::new(Shared {
@@ -231,7 +231,7 @@ impl<B: ModelBackend> Engine<B> {
     }
 
     /// The element type of the K/V pool (the configured [`crate::PoolDtype`], resolved).
-    pub fn pool_precision(&self) -> PoolPrecision {
+    pub fn pool_precision(&self) -> FloatDtype {
         self.pool_precision
     }
 

@@ -13,16 +13,16 @@ mod common;
 
 use common::{around, config, max_abs_diff, moved_document, opts, prompt, tiny};
 use kvb_engine::{Engine, EngineConfig, GenerationMode, RecomputeStrategy, Request};
-use kvb_model::{ModelBackend, PoolPrecision};
+use kvb_model::{FloatDtype, ModelBackend};
 
 /// Logits of the same prompt through two paths of one backend differ by at most this: f32
 /// rounding, or for a backend computing in f16 (bf16) its rounding of every activation, a step
 /// of 4.9e-4 (3.9e-3) relative to logits of a few units.
 fn logit_tolerance<B: ModelBackend>() -> f32 {
-    match PoolPrecision::native::<B>() {
-        PoolPrecision::F32 => 1e-3,
-        PoolPrecision::F16 => 2e-2,
-        PoolPrecision::Bf16 => 1.5e-1,
+    match FloatDtype::native::<B>() {
+        FloatDtype::F32 => 1e-3,
+        FloatDtype::F16 => 2e-2,
+        FloatDtype::Bf16 => 1.5e-1,
     }
 }
 
@@ -124,7 +124,7 @@ fn repair_brings_a_moved_document_closer<B: ModelBackend>(device: &B::Device) {
         errors.push(max_abs_diff(&reuse.first_logits, &base.first_logits));
     }
     eprintln!("first-token logit error at 0%, 50%, 100% recomputed: {errors:?}");
-    let falls = if PoolPrecision::native::<B>() == PoolPrecision::F32 {
+    let falls = if FloatDtype::native::<B>() == FloatDtype::F32 {
         errors[0] > errors[1] && errors[1] > errors[2]
     } else {
         // The tiny model's moved-document error is 1.9e-4 in f32 (6.0e-5 at 50%), under one

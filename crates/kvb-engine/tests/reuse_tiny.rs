@@ -13,7 +13,7 @@ use kvb_engine::{
     Engine, EngineConfig, EngineError, GenerationMode, KvPrecision, PoolDtype, RecomputeStrategy,
 };
 use kvb_model::backends::Cpu;
-use kvb_model::{ActivationPrecision, PoolPrecision, WeightPrecision};
+use kvb_model::{ActivationPrecision, FloatDtype, WeightPrecision};
 
 #[test]
 fn prefix_reuse_is_bit_identical_to_baseline_on_every_family() {
@@ -388,8 +388,8 @@ fn warm_stores_in_context_chunks_and_keys_never_mix_settings() {
             ..config()
         },
     );
-    assert_eq!(e.pool_precision(), PoolPrecision::F32);
-    assert_eq!(half.pool_precision(), PoolPrecision::F16);
+    assert_eq!(e.pool_precision(), FloatDtype::F32);
+    assert_eq!(half.pool_precision(), FloatDtype::F16);
     assert_ne!(e.namespace().id(), half.namespace().id());
     // 8-bit activations: other K/V, other keys (beside the q8_0 weights' own).
     let weights = WeightPrecision::Q8_0;

@@ -14,8 +14,8 @@ use kvb_model::backends::Cpu;
 use kvb_model::fetch::{ensure_default_model, models_dir_in};
 use kvb_model::generate::{decode, logits_to_vec, GenerateParams};
 use kvb_model::{
-    load_pretrained, ActivationPrecision, ForwardBatch, HostKv, KvPool, LoadOptions, LogitsFor,
-    Model, ModelConfig, PoolPrecision, SeqRows,
+    load_pretrained, ActivationPrecision, FloatDtype, ForwardBatch, HostKv, KvPool, LoadOptions,
+    LogitsFor, Model, ModelConfig, SeqRows,
 };
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -270,7 +270,7 @@ fn step(
     let total = shared_blocks + batch * per_seq + prefill_blocks;
     // f16, as the engine holds K/V for a model with quantized weights.
     let mut pool = KvPool::<Cpu>::with_precision(
-        PoolPrecision::F16,
+        FloatDtype::F16,
         c.num_layers,
         (h, d),
         bs,

@@ -1,6 +1,8 @@
 //! The concrete burn backends enabled by cargo features. Model code is generic over
 //! `B: Backend`; these aliases only let binaries and tests name one.
 
+use crate::FloatDtype;
+
 /// The CPU backend (burn-ndarray), feature `ndarray` (default).
 #[cfg(feature = "ndarray")]
 pub type Cpu = burn::backend::NdArray<f32>;
@@ -77,47 +79,6 @@ impl std::str::FromStr for BackendKind {
     }
 }
 
-/// The float type a backend holds weights, activations and its K/V pool in (`--dtype`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum FloatDtype {
-    /// 32-bit floats: every backend.
-    #[default]
-    F32,
-    /// IEEE half precision: wgpu (where the adapter has `shader-f16`) and CUDA.
-    F16,
-    /// bfloat16: CUDA (WGSL has no bf16 type).
-    Bf16,
-}
-
-impl FloatDtype {
-    /// The name `--dtype` takes.
-    pub fn name(self) -> &'static str {
-        match self {
-            FloatDtype::F32 => "f32",
-            FloatDtype::F16 => "f16",
-            FloatDtype::Bf16 => "bf16",
-        }
-    }
-}
-
-impl std::fmt::Display for FloatDtype {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for FloatDtype {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.to_ascii_lowercase().as_str() {
-            "f32" | "float32" => Ok(FloatDtype::F32),
-            "f16" | "float16" | "half" => Ok(FloatDtype::F16),
-            "bf16" | "bfloat16" => Ok(FloatDtype::Bf16),
-            other => Err(format!("unknown dtype `{other}` (f32, f16, bf16)")),
-        }
-    }
-}
-
 impl BackendKind {
     /// Whether this backend can hold and compute in `dtype`, with the reason when not.
     pub fn check_dtype(self, dtype: FloatDtype) -> Result<(), String> {
@@ -144,7 +105,7 @@ mod tests {
     #[test]
     fn dtypes_parse_print_and_fit_their_backends() {
         for dtype in [FloatDtype::F32, FloatDtype::F16, FloatDtype::Bf16] {
-            assert_eq!(dtype.name().parse::<FloatDtype>(), Ok(dtype));
+            assert_eq!(dtype.as_str().parse::<FloatDtype>(), Ok(dtype));
         }
         assert!("f8".parse::<FloatDtype>().is_err());
         assert!(BackendKind::Cpu.check_dtype(FloatDtype::F32).is_ok());

@@ -45,6 +45,9 @@ pub enum ModelError {
     /// A forward pass was asked for something inconsistent (positions, slots, context length).
     #[error("forward: {0}")]
     Forward(String),
+    /// The K/V pool cannot be built as asked (its element type, its block size).
+    #[error("K/V pool: {0}")]
+    Pool(String),
     /// Attention rejected its inputs.
     #[error(transparent)]
     Attention(#[from] kvb_attn::AttnError),

@@ -5,12 +5,12 @@
 //! sequence owns, in what order (its *block table*), and who else reads them is the caller's
 //! business: kvb-engine's block manager for many sequences, [`crate::KvCache`] for one. The pool
 //! only stores values and moves them: writes land in place (the pool owns its tensors alone), a
-//! read gathers the slots asked for. A pool holds f32, or f16 ([`PoolPrecision`]) where the
+//! read gathers the slots asked for. A pool holds f32, or f16 ([`FloatDtype`]) where the
 //! backend can (the CPU): half the memory, and half the bytes every decode step reads.
 
 use crate::error::{ModelError, Result};
+use crate::float_dtype::FloatDtype;
 use crate::model::{HostKv, ModelBackend};
-use crate::pool_precision::PoolPrecision;
 use burn::tensor::Tensor;
 
 /// K and V of one layer: `[kv_heads, slots, head_dim]` each.
@@ -25,7 +25,7 @@ pub struct KvPool<B: ModelBackend> {
     blocks: usize,
     kv_heads: usize,
     head_dim: usize,
-    precision: PoolPrecision,
+    precision: FloatDtype,
     device: B::Device,
 }
 
@@ -41,7 +41,7 @@ impl<B: ModelBackend> KvPool<B> {
         device: &B::Device,
     ) -> Result<Self> {
         Self::with_precision(
-            PoolPrecision::native::<B>(),
+            FloatDtype::native::<B>(),
             num_layers,
             head_shape,
             block_size,
@@ -52,7 +52,7 @@ impl<B: ModelBackend> KvPool<B> {
 
     /// As [`KvPool::new`], holding values in `precision` (an error where the backend cannot).
     pub fn with_precision(
-        precision: PoolPrecision,
+        precision: FloatDtype,
         num_layers: usize,
         (kv_heads, head_dim): (usize, usize),
         block_size: usize,
@@ -60,15 +60,15 @@ impl<B: ModelBackend> KvPool<B> {
         device: &B::Device,
     ) -> Result<Self> {
         if block_size == 0 {
-            return Err(ModelError::Forward(
+            return Err(ModelError::Pool(
                 "a K/V block needs at least one slot".into(),
             ));
         }
         if !B::holds_pool_precision(precision) {
-            return Err(ModelError::Forward(format!(
-                "this backend holds no {precision} K/V pool: the CPU holds f32 or f16, a GPU \
+            return Err(ModelError::Pool(format!(
+                "this backend cannot hold {precision} values: the CPU holds f32 or f16, a GPU \
                  backend its own float type (here {})",
-                PoolPrecision::native::<B>()
+                FloatDtype::native::<B>()
             )));
         }
         let shape = [kv_heads, blocks * block_size, head_dim];
@@ -85,7 +85,7 @@ impl<B: ModelBackend> KvPool<B> {
     }
 
     /// The element type the pool holds.
-    pub fn precision(&self) -> PoolPrecision {
+    pub fn precision(&self) -> FloatDtype {
         self.precision
     }
 
@@ -129,7 +129,7 @@ impl<B: ModelBackend> KvPool<B> {
         num_layers: usize,
         (kv_heads, head_dim): (usize, usize),
         block_size: usize,
-        precision: PoolPrecision,
+        precision: FloatDtype,
     ) -> usize {
         2 * num_layers * kv_heads * block_size * head_dim * precision.bytes()
     }
@@ -362,7 +362,7 @@ mod tests {
     use super::*;
     use burn::tensor::TensorData;
     type Cpu = burn::backend::NdArray<f32>;
-    const BOTH: [PoolPrecision; 2] = [PoolPrecision::F32, PoolPrecision::F16];
+    const BOTH: [FloatDtype; 2] = [FloatDtype::F32, FloatDtype::F16];
 
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(32))]
@@ -373,7 +373,7 @@ mod tests {
         fn reads_give_the_written_values_in_the_pools_precision(
             f16 in proptest::prelude::any::<bool>(), seed in 0u32..1000, grow in 0usize..3,
         ) {
-            let precision = if f16 { PoolPrecision::F16 } else { PoolPrecision::F32 };
+            let precision = if f16 { FloatDtype::F16 } else { FloatDtype::F32 };
             let dev = Default::default();
             let (h, d, bs) = (2, 8, 4);
             let mut pool = KvPool::<Cpu>::with_precision(precision, 2, (h, d), bs, 3, &dev).unwrap();
@@ -390,9 +390,9 @@ mod tests {
             pool.grow(3 + grow);
             let round = |x: &[f32]| -> Vec<f32> {
                 match precision {
-                    PoolPrecision::F32 => x.to_vec(),
-                    PoolPrecision::F16 => x.iter().map(|&y| half::f16::from_f32(y).to_f32()).collect(),
-                    PoolPrecision::Bf16 => unreachable!("the CPU holds no bf16 pool"),
+                    FloatDtype::F32 => x.to_vec(),
+                    FloatDtype::F16 => x.iter().map(|&y| half::f16::from_f32(y).to_f32()).collect(),
+                    FloatDtype::Bf16 => unreachable!("the CPU holds no bf16 pool"),
                 }
             };
             let (hk, hv) = pool.read_host(1, &slots).unwrap();
@@ -415,7 +415,7 @@ mod tests {
         }
     }
 
-    fn copy_slots_in(precision: PoolPrecision) {
+    fn copy_slots_in(precision: FloatDtype) {
         let dev = Default::default();
         let (layers, h, d, bs) = (3, 2, 4, 4);
         let mut pool =
@@ -467,7 +467,7 @@ mod tests {
         }
     }
 
-    fn prefault_in(precision: PoolPrecision) {
+    fn prefault_in(precision: FloatDtype) {
         let dev = Default::default();
         let (layers, h, d, bs, blocks) = (2, 3, 4, 4, 4);
         let mut pool =
@@ -510,7 +510,7 @@ mod tests {
         }
     }
 
-    fn write_host_all_in(precision: PoolPrecision) {
+    fn write_host_all_in(precision: FloatDtype) {
         let dev = Default::default();
         let (layers, h, d, bs, tokens) = (4, 2, 4, 4, 7);
         let data: Vec<Vec<f32>> = (0..2 * layers)

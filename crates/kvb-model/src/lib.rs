@@ -15,7 +15,7 @@
 //! | tokenizer and chat templates | [`tokenizer`] |
 //! | RoPE at arbitrary positions, re-rotation of cached keys | [`rope`] |
 //! | the transformer and its forward pass over ragged batches | [`model`] |
-//! | K/V in blocks shared by many sequences (f32, or f16 on the CPU; a GPU backend's own float type); one sequence's cache | [`kv_pool`], [`PoolPrecision`], [`kv_cache`] |
+//! | K/V in blocks shared by many sequences (f32, or f16 on the CPU; a GPU backend's own float type); one sequence's cache | [`kv_pool`], [`FloatDtype`], [`kv_cache`] |
 //! | greedy and sampled generation with streaming | [`generate`] |
 //! | the embedded default model (SmolLM2-135M-Instruct) | [`fetch`] |
 //!
@@ -23,7 +23,7 @@
 //! A backend overrides a row operation only where it has a measured reason to ([`ModelBackend`]):
 //! burn-ndarray with fused CPU passes, the CubeCL backends with one kernel each for RMSNorm, the
 //! head split with RoPE and the gated activation. A GPU backend may hold f16 or bf16
-//! ([`backends::FloatDtype`], `--dtype`): its kernels sum in f32 and round once on write, and every
+//! ([`FloatDtype`], `--dtype`): its kernels sum in f32 and round once on write, and every
 //! tensor kvb creates names the backend's float type ([`float_on`]; `tests/wgpu_backend.rs` runs the
 //! tiny families in f16 against f32).
 //!
@@ -64,6 +64,7 @@ pub mod config;
 pub mod convert;
 mod error;
 pub mod fetch;
+pub mod float_dtype;
 pub mod generate;
 pub mod gguf;
 mod host_read;
@@ -71,7 +72,6 @@ pub mod kv_cache;
 pub mod kv_pool;
 pub mod model;
 pub mod packed;
-pub mod pool_precision;
 mod pretrained;
 pub mod rope;
 pub mod tokenizer;
@@ -79,6 +79,7 @@ pub mod weights;
 
 pub use config::{Family, ModelConfig, RopeScaling};
 pub use error::{ModelError, Result};
+pub use float_dtype::FloatDtype;
 pub use host_read::to_host_f32;
 pub use kv_cache::KvCache;
 pub use kv_pool::KvPool;
@@ -88,7 +89,6 @@ pub use model::{
     ActivationPrecision, ComputePrecision, ForwardBatch, HostKv, LogitsFor, Model, ModelBackend,
     SeqRows, WeightPrecision,
 };
-pub use pool_precision::PoolPrecision;
 pub use pretrained::{
     detect_format, load_config, load_pretrained, LoadOptions, ModelFormat, Pretrained,
 };

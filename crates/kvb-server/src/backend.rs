@@ -1,12 +1,12 @@
 //! Choosing a burn backend at run time and calling generic code with it.
 
-use kvb_model::backends::{BackendKind, FloatDtype};
+use kvb_model::{backends::BackendKind, FloatDtype};
 
 /// Calls `$body` (a generic function call with turbofish `B`) on the backend chosen by `$kind`
 /// holding its floats in `$dtype`. Each pair is one instantiation of the generic stack.
 macro_rules! with_backend {
     ($kind:expr, $dtype:expr, |$b:ident, $dev:ident| $body:expr) => {{
-        use kvb_model::backends::{BackendKind, FloatDtype};
+        use kvb_model::{backends::BackendKind, FloatDtype};
         let (kind, dtype): (BackendKind, FloatDtype) = ($kind, $dtype);
         match (kind, dtype) {
             #[cfg(feature = "ndarray")]

@@ -5,7 +5,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use kvb_engine::{model_fingerprint, Engine, EngineConfig};
 use kvb_model::fetch::{ensure_default_model, models_dir};
 use kvb_model::{
-    load_pretrained, ActivationPrecision, LoadOptions, ModelBackend, PoolPrecision, Pretrained,
+    load_pretrained, ActivationPrecision, FloatDtype, LoadOptions, ModelBackend, Pretrained,
     WeightPrecision,
 };
 use std::path::{Path, PathBuf};
@@ -80,8 +80,8 @@ pub fn load_engine<B: ModelBackend>(
             ActivationPrecision::F32 => String::new(),
             ActivationPrecision::Q8 => format!(", 8-bit activations on {}", q8_kernel()),
         },
-        match PoolPrecision::native::<B>() {
-            PoolPrecision::F32 => String::new(),
+        match FloatDtype::native::<B>() {
+            FloatDtype::F32 => String::new(),
             float => format!(", computed in {float}"),
         }
     );

@@ -194,7 +194,11 @@ fn a_float_type_the_backend_lacks_is_refused_with_the_reason() {
         &["--dtype", "f16"],
         &["--dtype f16", "CPU backend computes in f32"],
     );
-    refused_untouched(&model, &["--pool-dtype", "bf16"], &["no bf16 K/V pool"]);
+    refused_untouched(
+        &model,
+        &["--pool-dtype", "bf16"],
+        &["K/V pool: this backend cannot hold bf16 values"],
+    );
     #[cfg(feature = "wgpu")]
     refused_untouched(
         &model,

@@ -5,8 +5,8 @@
 //! reason to. burn-ndarray's overrides are in `cpu_ops.rs`, the CubeCL backends' in `cube_ops/`.
 
 use crate::config::Activation;
+use crate::float_dtype::FloatDtype;
 use crate::packed::PackedMatrix;
-use crate::pool_precision::PoolPrecision;
 use crate::rope::RopeTables;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
@@ -74,23 +74,23 @@ pub trait ModelBackend: AttentionBackend {
     }
 
     /// Whether a K/V pool can hold values in `precision` here. Here the backend's own float
-    /// type only ([`PoolPrecision::native`]): the pool is a plain tensor of it.
-    fn holds_pool_precision(precision: PoolPrecision) -> bool {
-        precision == PoolPrecision::native::<Self>()
+    /// type only ([`FloatDtype::native`]): the pool is a plain tensor of it.
+    fn holds_pool_precision(precision: FloatDtype) -> bool {
+        precision == FloatDtype::native::<Self>()
     }
 
     /// A zeroed K/V pool layer `[kv_heads, slots, head_dim]` holding `precision` (one that
     /// [`ModelBackend::holds_pool_precision`] accepts; the pool checks).
     fn pool_zeros(
         shape: [usize; 3],
-        _precision: PoolPrecision,
+        _precision: FloatDtype,
         device: &burn::tensor::Device<Self>,
     ) -> Tensor<Self, 3> {
         Tensor::zeros(shape, kvb_attn::float_on::<Self>(device))
     }
 
     /// The pool layer `pool` grown to `slots` slots, keeping its values (new slots zeroed).
-    fn pool_grow(pool: Tensor<Self, 3>, slots: usize, precision: PoolPrecision) -> Tensor<Self, 3> {
+    fn pool_grow(pool: Tensor<Self, 3>, slots: usize, precision: FloatDtype) -> Tensor<Self, 3> {
         let [h, old, d] = pool.dims();
         let fresh = Self::pool_zeros([h, slots, d], precision, &pool.device());
         if old == 0 {

@@ -4,8 +4,8 @@
 use super::backend_ops::{self, HostKv, ModelBackend, PoolLayer};
 use super::cpu_pool;
 use crate::config::Activation;
+use crate::float_dtype::FloatDtype;
 use crate::packed::PackedMatrix;
-use crate::pool_precision::PoolPrecision;
 use crate::rope::RopeTables;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 use burn_ndarray::{NdArray, NdArrayTensor};
@@ -236,19 +236,19 @@ impl ModelBackend for NdArray<f32> {
     }
 
     /// f32 and f16 (see [`super::cpu_pool`]).
-    fn holds_pool_precision(precision: PoolPrecision) -> bool {
-        precision != PoolPrecision::Bf16
+    fn holds_pool_precision(precision: FloatDtype) -> bool {
+        precision != FloatDtype::Bf16
     }
 
     fn pool_zeros(
         shape: [usize; 3],
-        precision: PoolPrecision,
+        precision: FloatDtype,
         _device: &burn::tensor::Device<Self>,
     ) -> Tensor<Self, 3> {
         cpu_pool::zeros(shape, precision)
     }
 
-    fn pool_grow(pool: Tensor<Self, 3>, slots: usize, precision: PoolPrecision) -> Tensor<Self, 3> {
+    fn pool_grow(pool: Tensor<Self, 3>, slots: usize, precision: FloatDtype) -> Tensor<Self, 3> {
         cpu_pool::grow(pool, slots, precision)
     }
 

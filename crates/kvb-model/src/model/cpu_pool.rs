@@ -7,7 +7,7 @@
 //! bits either way); reads widen exactly.
 
 use super::backend_ops::{self, runs, HostKv};
-use crate::pool_precision::PoolPrecision;
+use crate::float_dtype::FloatDtype;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 use burn_ndarray::{NdArray, NdArrayTensor};
 use half::f16;
@@ -71,12 +71,12 @@ impl ValuesRef<'_> {
 
 /// A zeroed layer from a zeroed allocation: the pages are mapped lazily, so a large pool costs
 /// memory only as its blocks are first written (burn's `zeros` writes every element).
-pub(super) fn zeros(shape: [usize; 3], precision: PoolPrecision) -> Layer {
+pub(super) fn zeros(shape: [usize; 3], precision: FloatDtype) -> Layer {
     let n = shape.iter().product();
     let data = match precision {
-        PoolPrecision::F32 => TensorData::new(vec![0f32; n], shape),
-        PoolPrecision::F16 => TensorData::new(vec![0u16; n], shape),
-        PoolPrecision::Bf16 => {
+        FloatDtype::F32 => TensorData::new(vec![0f32; n], shape),
+        FloatDtype::F16 => TensorData::new(vec![0u16; n], shape),
+        FloatDtype::Bf16 => {
             unreachable!("KvPool refuses bf16 on the CPU (holds_pool_precision)")
         }
     };
@@ -218,9 +218,9 @@ pub(super) fn read_host(pool: &Layer, slots: &[usize]) -> Vec<f32> {
 }
 
 /// The layer grown to `slots` slots: a fresh zeroed layer with every head's old slots copied in.
-pub(super) fn grow(pool: Layer, slots: usize, precision: PoolPrecision) -> Layer {
+pub(super) fn grow(pool: Layer, slots: usize, precision: FloatDtype) -> Layer {
     let [h, old, d] = pool.dims();
-    if !is_f16(&pool) && precision == PoolPrecision::F32 {
+    if !is_f16(&pool) && precision == FloatDtype::F32 {
         let fresh = zeros([h, slots, d], precision);
         return if old == 0 {
             fresh
