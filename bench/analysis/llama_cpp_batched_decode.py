@@ -50,7 +50,7 @@ def run(model, threads, sequences, shared, own, steps, kv_unified):
     cp.n_seq_max = sequences
     cp.n_threads = threads
     cp.n_threads_batch = threads
-    # One K/V buffer for all sequences (llama-server's choice for parallel slots), or one each.
+    # One K/V buffer for all sequences (llama-server's --kv-unified), or one per sequence.
     cp.kv_unified = kv_unified
     ctx = L.llama_new_context_with_model(model, cp)
     if not ctx:

@@ -103,11 +103,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn dtypes_parse_print_and_fit_their_backends() {
-        for dtype in [FloatDtype::F32, FloatDtype::F16, FloatDtype::Bf16] {
-            assert_eq!(dtype.as_str().parse::<FloatDtype>(), Ok(dtype));
-        }
-        assert!("f8".parse::<FloatDtype>().is_err());
+    fn each_backend_takes_the_dtypes_it_has() {
         assert!(BackendKind::Cpu.check_dtype(FloatDtype::F32).is_ok());
         assert!(BackendKind::Cpu.check_dtype(FloatDtype::F16).is_err());
         assert!(BackendKind::Wgpu.check_dtype(FloatDtype::F16).is_ok());
