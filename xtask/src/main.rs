@@ -74,7 +74,7 @@ fn main() -> Result<()> {
         println!("{USAGE}");
         return Ok(());
     }
-    let root = workspace_root();
+    let root = workspace_root()?;
     std::env::set_current_dir(&root).with_context(|| format!("cd {}", root.display()))?;
     match args.first().map(String::as_str) {
         Some("fetch-model") => fetch_model(),
@@ -93,14 +93,16 @@ fn main() -> Result<()> {
 /// `CARGO_MANIFEST_DIR` at run time; the compile-time path is only the fallback, because a build
 /// is reused after its clone moves (mtimes survive a move, so cargo sees nothing to rebuild) and
 /// the old path no longer exists.
-fn workspace_root() -> PathBuf {
+fn workspace_root() -> Result<PathBuf> {
     let xtask_dir = std::env::var_os("CARGO_MANIFEST_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
-    xtask_dir
-        .parent()
-        .expect("xtask lives one folder below the workspace root")
-        .to_path_buf()
+    xtask_dir.parent().map(Path::to_path_buf).with_context(|| {
+        format!(
+            "CARGO_MANIFEST_DIR={} is not xtask's folder inside the workspace (run `cargo xtask`)",
+            xtask_dir.display()
+        )
+    })
 }
 
 fn run(cmd: &mut Command) -> Result<()> {
@@ -264,7 +266,7 @@ fn bench_attn(args: &[String]) -> Result<()> {
     if !["f32", "f16", "bf16"].contains(&dtype.as_str()) || (backend == "wgpu" && dtype == "bf16") {
         bail!("--dtype takes f32 or f16 on wgpu (WGSL has no bf16), f32, f16 or bf16 on cuda, not `{dtype}`");
     }
-    let out = workspace_root().join("bench/results").join(format!(
+    let out = workspace_root()?.join("bench/results").join(format!(
         "{}-attn-{backend}{}{}",
         bench::today(),
         if dtype == "f32" {

@@ -92,12 +92,9 @@ pub enum PoolDtype {
     /// caches f16 too); f32 otherwise, so an f32 or 16-bit model keeps K/V as computed.
     #[default]
     Auto,
-    /// As computed.
-    F32,
-    /// Half the memory and half the bytes a long decode step reads (CPU backend).
-    F16,
-    /// bf16 (a CUDA backend computing in bf16).
-    Bf16,
+    /// This type, whatever the backend and weights (f16 on the CPU: half the memory and half
+    /// the bytes a long decode step reads; bf16 only for a CUDA backend computing in bf16).
+    Fixed(FloatDtype),
 }
 
 impl PoolDtype {
@@ -107,9 +104,7 @@ impl PoolDtype {
     /// The precision a pool holds for `model` on backend `B`.
     pub fn resolve<B: ModelBackend>(self, model: &Model<B>) -> FloatDtype {
         match self {
-            PoolDtype::F32 => FloatDtype::F32,
-            PoolDtype::F16 => FloatDtype::F16,
-            PoolDtype::Bf16 => FloatDtype::Bf16,
+            PoolDtype::Fixed(dtype) => dtype,
             PoolDtype::Auto if FloatDtype::native::<B>() != FloatDtype::F32 => {
                 FloatDtype::native::<B>()
             }
@@ -125,12 +120,10 @@ impl PoolDtype {
 
 impl std::fmt::Display for PoolDtype {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            PoolDtype::Auto => "auto",
-            PoolDtype::F32 => "f32",
-            PoolDtype::F16 => "f16",
-            PoolDtype::Bf16 => "bf16",
-        })
+        match self {
+            PoolDtype::Auto => f.write_str("auto"),
+            PoolDtype::Fixed(dtype) => dtype.fmt(f),
+        }
     }
 }
 
@@ -141,11 +134,7 @@ impl std::str::FromStr for PoolDtype {
             "auto" => Ok(PoolDtype::Auto),
             other => other
                 .parse::<FloatDtype>()
-                .map(|p| match p {
-                    FloatDtype::F32 => PoolDtype::F32,
-                    FloatDtype::F16 => PoolDtype::F16,
-                    FloatDtype::Bf16 => PoolDtype::Bf16,
-                })
+                .map(PoolDtype::Fixed)
                 .map_err(|_| {
                     format!(
                         "unknown K/V pool precision `{other}` (expected one of {})",
@@ -378,5 +367,22 @@ impl Default for GenerateOptions {
             keep_logits: false,
             logprobs: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_pool_dtype_name_reads_back() {
+        for name in PoolDtype::NAMES {
+            let dtype: PoolDtype = name.parse().unwrap();
+            assert_eq!(dtype.to_string(), name);
+        }
+        assert_eq!("auto".parse(), Ok(PoolDtype::Auto));
+        assert_eq!("F16".parse(), Ok(PoolDtype::Fixed(FloatDtype::F16)));
+        let err = "f8".parse::<PoolDtype>().unwrap_err();
+        assert!(err.contains("f8") && err.contains("auto"), "{err}");
     }
 }

@@ -25,12 +25,12 @@ fn prefix_reuse_is_bit_identical_to_baseline_on_every_family() {
     let q8 = (WeightPrecision::Q8_0, ActivationPrecision::Q8);
     let f32 = (WeightPrecision::Auto, ActivationPrecision::F32);
     for (keep_resident, pool_dtype, (weights, activations)) in [
-        (true, PoolDtype::F32, f32),
-        (false, PoolDtype::F32, f32),
-        (true, PoolDtype::F16, f32),
-        (false, PoolDtype::F16, f32),
-        (true, PoolDtype::F32, q8),
-        (false, PoolDtype::F16, q8),
+        (true, PoolDtype::Fixed(FloatDtype::F32), f32),
+        (false, PoolDtype::Fixed(FloatDtype::F32), f32),
+        (true, PoolDtype::Fixed(FloatDtype::F16), f32),
+        (false, PoolDtype::Fixed(FloatDtype::F16), f32),
+        (true, PoolDtype::Fixed(FloatDtype::F32), q8),
+        (false, PoolDtype::Fixed(FloatDtype::F16), q8),
     ] {
         for family in FAMILIES {
             let e = engine(
@@ -384,7 +384,7 @@ fn warm_stores_in_context_chunks_and_keys_never_mix_settings() {
     let half = engine(
         "llama",
         EngineConfig {
-            pool_dtype: PoolDtype::F16,
+            pool_dtype: PoolDtype::Fixed(FloatDtype::F16),
             ..config()
         },
     );
