@@ -10,7 +10,7 @@
 //! | configs (Llama, Qwen2, Mistral, Gemma, Phi-3) and the compatibility check | [`config`] |
 //! | weights from safetensors (single or sharded; f32/f16/bf16) | [`weights`] |
 //! | weights, config and tokenizer from GGUF (F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K) | [`gguf`] |
-//! | weights kept packed in their stored precision (every GGUF quantized type), `--weights` | [`packed`], [`WeightPrecision`] |
+//! | weights kept packed in their stored precision (every GGUF quantized type; K-quants at the file's bits), `--weights` | [`packed`], [`WeightPrecision`] |
 //! | products with 8-bit activations, as llama.cpp computes (`--activations q8`, CPU) | `model::int8`, [`ActivationPrecision`] |
 //! | tokenizer and chat templates | [`tokenizer`] |
 //! | RoPE at arbitrary positions, re-rotation of cached keys | [`rope`] |
@@ -34,6 +34,8 @@
 //!   (`tests/incremental.rs`);
 //! - a sequence run in a ragged batch with others, its K/V anywhere in a pool, gives the same
 //!   logits as run alone, bit for bit on the CPU (`tests/batched.rs`);
+//! - a GGUF's K-quant matrices (Q4_K_M, Q5_K_M, Q6_K files) take within 5% of the file's bytes
+//!   (`tests/llama_cpp_files.rs`);
 //! - weights kept packed compute the bits their f32 expansion computes (`tests/packed_weights.rs`,
 //!   and SmolLM2's GGUF against its converted folder in `tests/golden_smollm2.rs`);
 //! - with 8-bit activations, a row's result does not depend on the rows beside it (vector and

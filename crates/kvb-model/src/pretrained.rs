@@ -49,6 +49,9 @@ pub struct Pretrained<B: ModelBackend> {
     pub path: PathBuf,
     /// In which form.
     pub format: ModelFormat,
+    /// Bytes of the file's matrices as stored (a GGUF's 2-d tensors), to say at load what
+    /// keeping or widening them costs; `None` for a folder.
+    pub stored_matrix_bytes: Option<usize>,
 }
 
 /// Tells the form of `path`: a `.gguf` file or a model folder.
@@ -88,6 +91,7 @@ pub fn load_pretrained<B: ModelBackend>(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Pretrained<B>> {
     let format = detect_format(path)?;
+    let mut stored_matrix_bytes = None;
     let (model, tokenizer) = match format {
         ModelFormat::HfFolder => {
             let config = ModelConfig::from_file(&path.join("config.json"), options.strict)?;
@@ -109,6 +113,14 @@ pub fn load_pretrained<B: ModelBackend>(
                     gguf.special_token("tokenizer.ggml.eos_token_id"),
                 );
             check_vocabulary(&tokenizer, &config)?;
+            stored_matrix_bytes = Some(
+                gguf.header()
+                    .tensors
+                    .values()
+                    .filter(|t| t.shape.len() == 2)
+                    .map(|t| t.range.len())
+                    .sum(),
+            );
             (
                 Model::load_with(&config, &gguf, options.weights, device, progress)?,
                 tokenizer,
@@ -121,6 +133,7 @@ pub fn load_pretrained<B: ModelBackend>(
         tokenizer,
         path: path.to_path_buf(),
         format,
+        stored_matrix_bytes,
     })
 }
 

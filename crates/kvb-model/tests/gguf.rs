@@ -96,6 +96,31 @@ fn a_truncated_gguf_file_is_an_error_at_open() {
     );
 }
 
+/// A tensor in a block type kvb does not read (here Q5_0) is an error at open naming the
+/// tensor and the type, and listing what kvb reads.
+#[test]
+fn a_tensor_of_an_unread_block_type_is_an_error_naming_it() {
+    let (_, mut bytes) = small_gguf();
+    // The tensor's info: name (u64 length, bytes), u32 dims count, u64 dims, u32 type.
+    let name = b"blk.0.attn_q.weight";
+    let at = bytes
+        .windows(name.len())
+        .position(|w| w == name)
+        .expect("the tensor's info")
+        + name.len();
+    let dims = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+    let type_at = at + 4 + 8 * dims;
+    bytes[type_at..type_at + 4].copy_from_slice(&6u32.to_le_bytes());
+    let err = GgufModel::from_bytes(Path::new("q5.gguf"), &bytes)
+        .err()
+        .expect("an unread type must not open")
+        .to_string();
+    assert!(
+        err.contains("blk.0.attn_q.weight") && err.contains("Q5_0") && err.contains("Q4_K"),
+        "{err}"
+    );
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 

@@ -194,3 +194,42 @@ fn each_formats_top_token_agreement_with_the_f32_weights() {
         }
     }
 }
+
+/// Kept as stored, a file's matrices take the file's bytes: K-quant files (Q4_K_M, Q5_K_M,
+/// Q6_K, whose fused q/k/v mix Q4_K or Q5_K with Q6_K) within 5% of the bytes of the file's
+/// matrices, where widening their blocks took 1.3-1.8x.
+#[test]
+fn k_quant_files_kept_as_stored_take_the_files_bytes() {
+    let (_, _, files, _) = fixtures_of_llama_cpp();
+    let mut checked = 0;
+    for f in &files {
+        let gguf = GgufModel::open(&f.gguf).unwrap();
+        let config = gguf.config(true).unwrap();
+        let file_bytes: usize = gguf
+            .header()
+            .tensors
+            .values()
+            .filter(|t| t.shape.len() == 2)
+            .map(|t| t.range.len())
+            .sum();
+        let model = Model::<B>::load_with(
+            &config,
+            &gguf,
+            WeightPrecision::Auto,
+            &Default::default(),
+            &mut |_, _| {},
+        )
+        .unwrap();
+        let ratio = model.weight_bytes() as f64 / file_bytes as f64;
+        println!(
+            "{}: {} bytes held, {file_bytes} in the file ({ratio:.3}x)",
+            f.name,
+            model.weight_bytes()
+        );
+        if f.name.contains("_k") {
+            assert!(ratio <= 1.05, "{}: {ratio:.3}x the file's bytes", f.name);
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 3, "q4_k_m, q5_k_m and q6_k");
+}

@@ -66,7 +66,7 @@ pub fn load_engine<B: ModelBackend>(
         model_fingerprint(path, m.format, m.model.config(), m.model.weight_precision())
             .context("fingerprinting the model")?;
     eprintln!(
-        "weights: {:.0} MB ({}{}{})",
+        "weights: {:.0} MB ({}{}{}{})",
         m.model.weight_bytes() as f64 / 1e6,
         match m.model.weight_precision() {
             WeightPrecision::Auto if B::runs_packed_weights() => "as stored",
@@ -83,6 +83,11 @@ pub fn load_engine<B: ModelBackend>(
         match FloatDtype::native::<B>() {
             FloatDtype::F32 => String::new(),
             float => format!(", computed in {float}"),
+        },
+        // What keeping (or widening) the file's blocks costs against the file itself.
+        match m.stored_matrix_bytes {
+            Some(file) => format!("; the file's matrices: {:.0} MB", file as f64 / 1e6),
+            None => String::new(),
         }
     );
     let explicit = config.max_pool_bytes.is_some();

@@ -79,35 +79,59 @@ pub fn decode(t: GgmlType, block: &[u8], out: &mut Vec<Coded>) {
                 push(d, -0.0, b as i8 as i32);
             }
         }
-        // 4 runs of 64: 32 low nibbles then 32 high nibbles of the same bytes, each half with
-        // its own 6-bit scale and min: d * sc * q - dmin * m.
-        GgmlType::Q4_K | GgmlType::Q5_K => {
-            let (d, dmin) = (f16_at(block, 0), f16_at(block, 2));
-            let scales = &block[4..16];
-            let (qh, qs) = if t == GgmlType::Q5_K {
-                (Some(&block[16..48]), &block[48..176])
-            } else {
-                (None, &block[16..144])
-            };
-            for run in 0..4 {
-                let q = &qs[run * 32..run * 32 + 32];
-                for half in 0..2 {
-                    let (sc, m) = scale_min_k4(2 * run + half, scales);
-                    let (scale, offset) = (d * sc as f32, -(dmin * m as f32));
-                    let bit = 2 * run + half;
-                    for l in 0..32 {
-                        let low = (q[l] >> (4 * half)) & 0x0f;
-                        let high = qh.map_or(0, |h| ((h[l] >> bit) & 1) << 4);
-                        push(scale, offset, (low | high) as i32);
-                    }
-                }
+        // K-quants: the block read apart once ([`KBlock`]), each weight from its sub-block.
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+            let k = KBlock::read(t, block);
+            for (r, &q) in k.q.iter().enumerate() {
+                let (scale, offset) = k.sub_scale(r / k.sub_len);
+                push(scale, offset, q as i32 - k.bias as i32);
             }
         }
-        // 2 halves of 128: 4 runs of 32 from the low/high nibbles of ql and 2-bit pairs of qh,
-        // minus 32; an int8 scale per 16: (d * sc) * q.
-        GgmlType::Q6_K => {
-            let d = f16_at(block, 208);
-            let scales = &block[192..208];
+        GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => {}
+    }
+}
+
+/// A K-quant block (256 weights) read apart into what every weight is made of: the f16
+/// super-block scale `d` and min `dmin` as stored, a scale (and for Q4_K/Q5_K a min) per
+/// sub-block, and each weight's unsigned integer. Weight `r` is
+/// `(q[r] - bias) * (d * sc[s]) + -(dmin * m[s])` for its sub-block `s = r / sub_len`
+/// (Q6_K: `dmin` and `m` are zero and the offset is -0.0).
+#[derive(Debug, Clone, PartialEq)]
+pub struct KBlock {
+    /// `d`'s two bytes, as stored.
+    pub d: [u8; 2],
+    /// `dmin`'s two bytes, as stored (zero for Q6_K).
+    pub dmin: [u8; 2],
+    /// Sub-block scales: 8 unsigned 6-bit ones (Q4_K, Q5_K) or 16 signed bytes (Q6_K, as `u8`).
+    pub sc: [u8; 16],
+    /// Sub-block mins (Q4_K, Q5_K; 6 bits).
+    pub m: [u8; 8],
+    /// Each weight's stored integer, unsigned (4, 5 or 6 bits).
+    pub q: [u8; 256],
+    /// Weights per sub-block: 32, or 16 for Q6_K.
+    pub sub_len: usize,
+    /// Subtracted from `q`: 32 for Q6_K, else 0.
+    pub bias: u8,
+}
+
+impl KBlock {
+    /// Reads one block of `t` (Q4_K, Q5_K or Q6_K; `block` exactly one block long).
+    pub fn read(t: GgmlType, block: &[u8]) -> KBlock {
+        let mut k = KBlock {
+            d: [0; 2],
+            dmin: [0; 2],
+            sc: [0; 16],
+            m: [0; 8],
+            q: [0; 256],
+            sub_len: 32,
+            bias: 0,
+        };
+        if t == GgmlType::Q6_K {
+            // 2 halves of 128: 4 runs of 32 from the low/high nibbles of ql and 2-bit pairs of
+            // qh; an int8 scale per 16.
+            k.d = [block[208], block[209]];
+            k.sc.copy_from_slice(&block[192..208]);
+            (k.sub_len, k.bias) = (16, 32);
             for half in 0..2 {
                 let ql = &block[half * 64..half * 64 + 64];
                 let qh = &block[128 + half * 32..128 + half * 32 + 32];
@@ -120,14 +144,48 @@ pub fn decode(t: GgmlType, block: &[u8], out: &mut Vec<Coded>) {
                             _ => (ql[l + 32], 4),
                         };
                         let high = (qh[l] >> (2 * run)) & 3;
-                        let q = (((src >> shift) & 0x0f) | (high << 4)) as i32 - 32;
-                        let sc = scales[half * 8 + run * 2 + l / 16] as i8;
-                        push(d * sc as f32, -0.0, q);
+                        k.q[half * 128 + run * 32 + l] = ((src >> shift) & 0x0f) | (high << 4);
                     }
                 }
             }
+            return k;
         }
-        GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => {}
+        // 4 runs of 64: 32 low nibbles then 32 high nibbles of the same bytes, each half with
+        // its own 6-bit scale and min; Q5_K adds a fifth bit from qh.
+        k.d = [block[0], block[1]];
+        k.dmin = [block[2], block[3]];
+        let scales = &block[4..16];
+        let (qh, qs) = if t == GgmlType::Q5_K {
+            (Some(&block[16..48]), &block[48..176])
+        } else {
+            (None, &block[16..144])
+        };
+        for j in 0..8 {
+            (k.sc[j], k.m[j]) = scale_min_k4(j, scales);
+        }
+        for run in 0..4 {
+            let q = &qs[run * 32..run * 32 + 32];
+            for half in 0..2 {
+                let bit = 2 * run + half;
+                for l in 0..32 {
+                    let low = (q[l] >> (4 * half)) & 0x0f;
+                    let high = qh.map_or(0, |h| ((h[l] >> bit) & 1) << 4);
+                    k.q[bit * 32 + l] = low | high;
+                }
+            }
+        }
+        k
+    }
+
+    /// Sub-block `s`'s scale and offset: `(d * sc, -(dmin * m))`, each product exact in f32
+    /// (an f16 times an integer of at most 8 bits).
+    pub fn sub_scale(&self, s: usize) -> (f32, f32) {
+        let d = half::f16::from_le_bytes(self.d).to_f32();
+        if self.bias != 0 {
+            return (d * self.sc[s] as i8 as f32, -0.0);
+        }
+        let dmin = half::f16::from_le_bytes(self.dmin).to_f32();
+        (d * self.sc[s] as f32, -(dmin * self.m[s] as f32))
     }
 }
 

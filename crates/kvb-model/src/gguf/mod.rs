@@ -27,6 +27,8 @@ const ROPE_FREQS: &str = "rope_freqs.weight";
 pub struct GgufModel {
     header: GgufHeader,
     mmap: Mmap,
+    /// Whether the map is of a file (whose pages can be given back and read again).
+    file_backed: bool,
     /// The GGUF `general.architecture` (e.g. `llama`).
     arch: String,
     /// HF tensor name -> GGUF tensor name.
@@ -39,7 +41,9 @@ impl GgufModel {
         let file = File::open(path).map_err(|e| ModelError::io(path, e))?;
         // SAFETY: read-only map; every offset is checked against the map's length at parse time.
         let mmap = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(path, e))?;
-        Self::from_map(path, mmap)
+        let mut model = Self::from_map(path, mmap)?;
+        model.file_backed = true;
+        Ok(model)
     }
 
     /// A GGUF file held in memory (`name` appears in errors), read as [`Self::open`] reads a file.
@@ -71,6 +75,7 @@ impl GgufModel {
         Ok(GgufModel {
             header,
             mmap,
+            file_backed: false,
             arch,
             hf_to_gguf,
         })
@@ -144,6 +149,7 @@ impl TensorSource for GgufModel {
     fn read(&self, name: &str) -> Result<HostTensor> {
         let (info, g) = self.info(name)?;
         let mut data = dequantize(info.ggml_type, &self.mmap[info.range.clone()]);
+        self.release(&info.range);
         if self.arch == "gemma" && g.ends_with("norm.weight") {
             // llama.cpp stores Gemma's RMSNorm weights as 1 + w; kvb's Gemma multiplies by
             // 1 + w itself. For a stored value s >= 0, s - 1 is exact, so 1 + w gives s back
@@ -163,6 +169,7 @@ impl TensorSource for GgufModel {
             return self.read(name).map(StoredTensor::F32);
         }
         let bytes = self.mmap[info.range.clone()].to_vec();
+        self.release(&info.range);
         Ok(StoredTensor::Blocks(BlockTensor {
             ggml_type: info.ggml_type,
             rows: info.shape[0],
@@ -173,6 +180,25 @@ impl TensorSource for GgufModel {
 }
 
 impl GgufModel {
+    /// Gives the pages of a tensor already copied back to the page cache, so that loading does
+    /// not hold the file mapped beside the weights built from it (peak memory: the weights,
+    /// not the weights plus the file). A file's pages are read again if touched again.
+    fn release(&self, range: &std::ops::Range<usize>) {
+        #[cfg(unix)]
+        if self.file_backed {
+            // SAFETY: a read-only map of a file: dropped pages are read back from the file on
+            // the next access, so no value seen through the map changes. (An in-memory map would
+            // come back zeroed, hence `file_backed`.) A failure only keeps the pages.
+            let _ = unsafe {
+                self.mmap.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    range.start,
+                    range.len(),
+                )
+            };
+        }
+    }
+
     fn info(&self, name: &str) -> Result<(&TensorInfo, &str)> {
         let g = self
             .hf_to_gguf

@@ -82,6 +82,54 @@ pub enum GgmlType {
     Q6_K,
 }
 
+/// ggml's name of a type id (`ggml.h`'s `enum ggml_type`), for messages about types kvb does
+/// not read.
+fn ggml_type_name(id: u32) -> &'static str {
+    const NAMES: [&str; 40] = [
+        "F32",
+        "F16",
+        "Q4_0",
+        "Q4_1",
+        "Q4_2",
+        "Q4_3",
+        "Q5_0",
+        "Q5_1",
+        "Q8_0",
+        "Q8_1",
+        "Q2_K",
+        "Q3_K",
+        "Q4_K",
+        "Q5_K",
+        "Q6_K",
+        "Q8_K",
+        "IQ2_XXS",
+        "IQ2_XS",
+        "IQ3_XXS",
+        "IQ1_S",
+        "IQ4_NL",
+        "IQ3_S",
+        "IQ2_S",
+        "IQ4_XS",
+        "I8",
+        "I16",
+        "I32",
+        "I64",
+        "F64",
+        "IQ1_M",
+        "BF16",
+        "Q4_0_4_4",
+        "Q4_0_4_8",
+        "Q4_0_8_8",
+        "TQ1_0",
+        "TQ2_0",
+        "IQ4_NL_4_4",
+        "IQ4_NL_4_8",
+        "IQ4_NL_8_8",
+        "MXFP4",
+    ];
+    NAMES.get(id as usize).copied().unwrap_or("an unknown type")
+}
+
 impl GgmlType {
     fn from_id(id: u32) -> Option<Self> {
         Some(match id {
@@ -298,7 +346,10 @@ impl GgufHeader {
         for (name, ne, type_id, offset) in raw {
             let Some(ggml_type) = GgmlType::from_id(type_id) else {
                 return c.fail(format!(
-                    "tensor `{name}` has ggml type {type_id}; kvb reads F32, F16, BF16, Q4_0, Q4_1, Q8_0"
+                    "tensor `{name}` is stored as {} (ggml type {type_id}), which kvb does not read; \
+                     it reads F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K (a Q4_K_M, \
+                     Q5_K_M, Q6_K or Q8_0 file)",
+                    ggml_type_name(type_id)
                 ));
             };
             let count = ne

@@ -57,10 +57,10 @@ fn not_with_q8_activations() -> crate::error::ModelError {
     )
 }
 
-impl<B: ModelBackend> Linear<B> {
-    /// The projection with its weight and bias rounded to bf16.
+impl<B: ModelBackend> LinearWeight<B> {
+    /// The weight rounded to bf16.
     fn rounded_to_bf16(&self, device: &B::Device) -> Result<Self> {
-        let weight = match &self.weight {
+        Ok(match self {
             LinearWeight::Dense(w) => LinearWeight::Dense(round_tensor(w.clone())?),
             LinearWeight::Packed(p) => match rounded_packed(p)? {
                 Some(r) => LinearWeight::Packed(Arc::new(r)),
@@ -74,7 +74,20 @@ impl<B: ModelBackend> Linear<B> {
             },
             #[cfg(feature = "ndarray")]
             LinearWeight::IntDot(_) => return Err(not_with_q8_activations()),
-        };
+            LinearWeight::Stacked(parts) => LinearWeight::Stacked(
+                parts
+                    .iter()
+                    .map(|w| w.rounded_to_bf16(device))
+                    .collect::<Result<_>>()?,
+            ),
+        })
+    }
+}
+
+impl<B: ModelBackend> Linear<B> {
+    /// The projection with its weight and bias rounded to bf16.
+    fn rounded_to_bf16(&self, device: &B::Device) -> Result<Self> {
+        let weight = self.weight.rounded_to_bf16(device)?;
         let bias = match &self.bias {
             Some(b) => Some(round_tensor(b.clone())?),
             None => None,

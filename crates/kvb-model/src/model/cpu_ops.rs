@@ -347,7 +347,7 @@ mod tests {
         #[test]
         fn packed_products_equal_the_f32_products_bit_for_bit(
             m in prop_oneof![1usize..9, 30usize..40, 250usize..270], blocks_per_row in 1usize..20, n in 1usize..200,
-            format in 0usize..5, seed in 0u32..1000,
+            format in 0usize..super::super::test_values::FORMATS, seed in 0u32..1000,
         ) {
             let (packed, k) = packed_matrix(format, blocks_per_row, n, seed);
             let val = |i: usize| spread(i, seed, 700.0);

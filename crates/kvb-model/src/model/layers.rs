@@ -32,6 +32,58 @@ pub(super) enum LinearWeight<B: ModelBackend> {
     /// Laid out for products with 8-bit activations (`--activations q8`, [`super::int8`]).
     #[cfg(feature = "ndarray")]
     IntDot(Arc<IntDotMatrix>),
+    /// Fused parts stored in different formats (a Q4_K_M file's Q4_K q and k beside a Q6_K v),
+    /// each kept as stored rather than all widened to a format that holds both; their outputs
+    /// side by side.
+    Stacked(Vec<LinearWeight<B>>),
+}
+
+impl<B: ModelBackend> LinearWeight<B> {
+    /// `x`: `[n, in]` -> `[n, out]`.
+    fn apply(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        match self {
+            LinearWeight::Dense(w) => B::linear_matmul(x, w.clone()),
+            LinearWeight::Packed(w) => B::packed_linear(x, w),
+            #[cfg(feature = "ndarray")]
+            LinearWeight::IntDot(w) => B::int8_linear(x, w),
+            LinearWeight::Stacked(parts) => {
+                Tensor::cat(parts.iter().map(|w| w.apply(x.clone())).collect(), 1)
+            }
+        }
+    }
+
+    /// Output width.
+    fn out_dim(&self) -> usize {
+        match self {
+            LinearWeight::Dense(w) => w.dims()[1],
+            LinearWeight::Packed(w) => w.n(),
+            #[cfg(feature = "ndarray")]
+            LinearWeight::IntDot(w) => w.n(),
+            LinearWeight::Stacked(parts) => parts.iter().map(Self::out_dim).sum(),
+        }
+    }
+
+    /// Whether the weight is held quantized to integers, not as floats.
+    fn is_quantized(&self) -> bool {
+        match self {
+            LinearWeight::Dense(_) => false,
+            LinearWeight::Packed(w) => w.cell_values().is_integer(),
+            #[cfg(feature = "ndarray")]
+            LinearWeight::IntDot(_) => true,
+            LinearWeight::Stacked(parts) => parts.iter().all(Self::is_quantized),
+        }
+    }
+
+    /// Bytes the weight holds.
+    fn bytes(&self) -> usize {
+        match self {
+            LinearWeight::Dense(w) => w.shape().num_elements() * w.dtype().size(),
+            LinearWeight::Packed(w) => w.bytes(),
+            #[cfg(feature = "ndarray")]
+            LinearWeight::IntDot(w) => w.bytes(),
+            LinearWeight::Stacked(parts) => parts.iter().map(Self::bytes).sum(),
+        }
+    }
 }
 
 impl<B: ModelBackend> Linear<B> {
@@ -85,14 +137,22 @@ impl<B: ModelBackend> Linear<B> {
         }
     }
 
+    /// Builds from stored parts kept apart (see [`LinearWeight::Stacked`]), their outputs side
+    /// by side in order, and an optional bias over all of them.
+    pub(super) fn stacked(
+        parts: Vec<Linear<B>>,
+        bias: Option<Vec<f32>>,
+        device: &B::Device,
+    ) -> Self {
+        Linear {
+            weight: LinearWeight::Stacked(parts.into_iter().map(|l| l.weight).collect()),
+            bias: bias_tensor(bias, device),
+        }
+    }
+
     /// `x`: `[n, in]` -> `[n, out]`.
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        let y = match &self.weight {
-            LinearWeight::Dense(w) => B::linear_matmul(x, w.clone()),
-            LinearWeight::Packed(w) => B::packed_linear(x, w),
-            #[cfg(feature = "ndarray")]
-            LinearWeight::IntDot(w) => B::int8_linear(x, w),
-        };
+        let y = self.weight.apply(x);
         match &self.bias {
             Some(b) => y + b.clone().unsqueeze::<2>(),
             None => y,
@@ -101,35 +161,17 @@ impl<B: ModelBackend> Linear<B> {
 
     /// Output width.
     pub fn out_dim(&self) -> usize {
-        match &self.weight {
-            LinearWeight::Dense(w) => w.dims()[1],
-            LinearWeight::Packed(w) => w.n(),
-            #[cfg(feature = "ndarray")]
-            LinearWeight::IntDot(w) => w.n(),
-        }
+        self.weight.out_dim()
     }
 
     /// Whether the weight is held quantized to integers (Q8_0 to Q4 blocks), not as floats.
     pub fn is_quantized(&self) -> bool {
-        use crate::packed::CellValues;
-        match &self.weight {
-            LinearWeight::Dense(_) => false,
-            LinearWeight::Packed(w) => {
-                matches!(w.cell_values(), CellValues::Nibbles | CellValues::Bytes)
-            }
-            #[cfg(feature = "ndarray")]
-            LinearWeight::IntDot(_) => true,
-        }
+        self.weight.is_quantized()
     }
 
     /// Bytes the weight holds.
     pub fn weight_bytes(&self) -> usize {
-        match &self.weight {
-            LinearWeight::Dense(w) => w.shape().num_elements() * w.dtype().size(),
-            LinearWeight::Packed(w) => w.bytes(),
-            #[cfg(feature = "ndarray")]
-            LinearWeight::IntDot(w) => w.bytes(),
-        }
+        self.weight.bytes()
     }
 }
 

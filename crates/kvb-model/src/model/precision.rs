@@ -117,6 +117,34 @@ fn row_views(host: &[HostTensor]) -> Vec<(&[f32], usize)> {
     host.iter().map(|t| (&t.data[..], t.shape[0])).collect()
 }
 
+/// Fused parts kept as stored that hold different quantized formats, as runs of one format
+/// each; `None` where one matrix keeps them all (one
+/// format, or weights held in f32). One matrix of mixed parts would widen every part to a
+/// format that holds the widest (a Q4_K q beside a Q6_K v: 12 bits a weight).
+fn stored_apart(
+    parts: &[StoredTensor],
+    precision: WeightPrecision,
+) -> Option<Vec<Vec<StoredTensor>>> {
+    let types: Vec<_> = parts
+        .iter()
+        .map(|p| match p {
+            StoredTensor::Blocks(b) if is_quantized(b.ggml_type) => Some(b.ggml_type),
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    if precision == WeightPrecision::F32 || types.iter().all(|t| *t == types[0]) {
+        return None;
+    }
+    let mut runs: Vec<Vec<StoredTensor>> = Vec::new();
+    for (i, part) in parts.iter().enumerate() {
+        match runs.last_mut() {
+            Some(run) if types[i - 1] == types[i] => run.push(part.clone()),
+            _ => runs.push(vec![part.clone()]),
+        }
+    }
+    Some(runs)
+}
+
 /// A projection from PyTorch-layout parts `[out, in]` stacked along `out`.
 pub(super) fn linear<B: ModelBackend>(
     parts: Vec<StoredTensor>,
@@ -126,6 +154,14 @@ pub(super) fn linear<B: ModelBackend>(
 ) -> Result<Linear<B>> {
     if parts.is_empty() {
         return Err(ModelError::Weights("a projection with no weights".into()));
+    }
+    // Elsewhere the weights are expanded to the backend's floats: one matrix serves.
+    if let Some(runs) = stored_apart(&parts, precision).filter(|_| B::runs_packed_weights()) {
+        let parts = runs
+            .into_iter()
+            .map(|run| linear(run, None, precision, device))
+            .collect::<Result<Vec<_>>>()?;
+        return Ok(Linear::stacked(parts, bias, device));
     }
     Ok(match packed(&parts, precision)? {
         Some(p) => Linear::from_packed(Arc::new(p), bias, device),

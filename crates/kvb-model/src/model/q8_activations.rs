@@ -47,26 +47,45 @@ impl std::str::FromStr for ActivationPrecision {
 }
 
 #[cfg(feature = "ndarray")]
-impl<B: ModelBackend> Linear<B> {
-    /// Whether the weight is one [`super::int8::IntDotMatrix`] takes.
+impl<B: ModelBackend> LinearWeight<B> {
+    /// Whether some part of the weight is one [`super::int8::IntDotMatrix`] takes.
     fn takes_q8_activations(&self) -> bool {
-        matches!(&self.weight, LinearWeight::Packed(p) if super::int8::IntDotMatrix::takes(p))
+        match self {
+            LinearWeight::Packed(p) => super::int8::IntDotMatrix::takes(p),
+            LinearWeight::Stacked(parts) => parts.iter().any(Self::takes_q8_activations),
+            _ => false,
+        }
     }
 
-    /// The projection with a packed integer weight re-laid out for 8-bit activations; others
-    /// (f32, 16-bit floats, Q6_K) unchanged.
+    /// The weight with packed integer parts re-laid out for 8-bit activations; others (f32,
+    /// 16-bit floats, Q6_K) unchanged.
     fn with_q8_activations(self) -> Self {
         use super::int8::IntDotMatrix;
         use std::sync::Arc;
-        let weight = match self.weight {
+        match self {
             LinearWeight::Packed(p) => match IntDotMatrix::from_packed(&p) {
                 Some(d) => LinearWeight::IntDot(Arc::new(d)),
                 None => LinearWeight::Packed(p),
             },
+            LinearWeight::Stacked(parts) => {
+                LinearWeight::Stacked(parts.into_iter().map(Self::with_q8_activations).collect())
+            }
             other => other,
-        };
+        }
+    }
+}
+
+#[cfg(feature = "ndarray")]
+impl<B: ModelBackend> Linear<B> {
+    /// Whether the weight is one [`super::int8::IntDotMatrix`] takes.
+    fn takes_q8_activations(&self) -> bool {
+        self.weight.takes_q8_activations()
+    }
+
+    /// The projection with its packed integer weights re-laid out for 8-bit activations.
+    fn with_q8_activations(self) -> Self {
         Linear {
-            weight,
+            weight: self.weight.with_q8_activations(),
             bias: self.bias,
         }
     }

@@ -3,10 +3,14 @@
 //! with the product exact, or widen a 16-bit float (exact), so they agree bit for bit (see the
 //! parent module).
 
-use super::{CellValues, GROUP};
+use super::{kcells, CellValues, GROUP};
 
 /// Row `r`, lane `lane` of `cell` as f32.
 pub(super) fn value(values: CellValues, cell: &[u8], r: usize, lane: usize) -> f32 {
+    if values.is_k_quant() {
+        let (q, scale, offset) = kcells::parts(values, cell, r, lane);
+        return q as f32 * scale + offset;
+    }
     let f = |o: usize| f32::from_le_bytes([cell[o], cell[o + 1], cell[o + 2], cell[o + 3]]);
     let v = &cell[values.head_bytes()..];
     let half = || [v[(r * GROUP + lane) * 2], v[(r * GROUP + lane) * 2 + 1]];
@@ -15,6 +19,7 @@ pub(super) fn value(values: CellValues, cell: &[u8], r: usize, lane: usize) -> f
         CellValues::Bytes => v[r * GROUP + lane] as i8 as f32,
         CellValues::Bf16 => return half::bf16::from_le_bytes(half()).to_f32(),
         CellValues::F16 => return half::f16::from_le_bytes(half()).to_f32(),
+        CellValues::Q4K | CellValues::Q5K | CellValues::Q6K => unreachable!("read above"),
     };
     q * f(lane * 4) + f(GROUP * 4 + lane * 4)
 }
@@ -151,6 +156,17 @@ pub(crate) mod avx2 {
     ) {
         let p = cell.as_ptr();
         let v = p.add(values.head_bytes());
+        if values.is_k_quant() {
+            macro_rules! run {
+                ($k:expr) => {
+                    super::kcells::avx2::each_row::<1, $k>([p], |r, [w]| {
+                        _mm256_storeu_ps(out.add(r * stride), *w)
+                    })
+                };
+            }
+            super::kcells::by_kind!(values, run);
+            return;
+        }
         if let CellValues::Bf16 | CellValues::F16 = values {
             for r in 0..rows {
                 let w = widen_floats(values, v.add(r * GROUP * 2));
@@ -183,7 +199,7 @@ pub(crate) mod avx2 {
                     );
                 }
             }
-            CellValues::Bf16 | CellValues::F16 => unreachable!("16-bit cells returned above"),
+            _ => unreachable!("16-bit and K-quant cells returned above"),
         }
     }
 }
@@ -242,6 +258,17 @@ pub(crate) mod avx512 {
     ) {
         let head = values.head_bytes();
         let [a, b] = cells;
+        if values.is_k_quant() {
+            macro_rules! run {
+                ($k:expr) => {
+                    super::kcells::avx512::each_row::<1, $k>([cells], |r, [w]| {
+                        _mm512_storeu_ps(out.add(r * stride), *w)
+                    })
+                };
+            }
+            super::kcells::by_kind!(values, run);
+            return;
+        }
         if let CellValues::Bf16 | CellValues::F16 = values {
             for r in 0..rows {
                 let at = head + r * GROUP * 2;

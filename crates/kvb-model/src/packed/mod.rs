@@ -1,33 +1,40 @@
-//! Weights kept in their stored precision: a `[k, n]` projection of 4- or 8-bit integers with
-//! a scale and an offset per 32 weights, or of 16-bit floats (f16, bf16), laid out for products
-//! that dequantize as they go.
+//! Weights kept in their stored precision: a `[k, n]` projection of 4- to 8-bit integers with
+//! scales, or of 16-bit floats (f16, bf16), laid out for products that dequantize as they go.
 //!
 //! A decode step or a warm request multiplies a few rows by every weight of the model, so its
-//! cost is the bytes of weights streamed: f32 weights stream 32 bits per weight, a GGUF's Q4_1
-//! 5. [`PackedMatrix`] keeps a GGUF's Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K blocks at 6 (4-bit
-//! values) or 10 (5- to 8-bit values) bits per weight, 8 or 12 for Q6_K's 16-weight sub-blocks
-//! (the scale and offset widened to f32), keeps f16 and bf16 tensors (a GGUF's or a safetensors
-//! folder's) at 16 bits, and can round f32 weights to 8 bits ([`PackedMatrix::quantize_q8_0`]) or
-//! to bf16 ([`PackedMatrix::round_to_bf16`]).
+//! cost is the bytes of weights streamed: f32 weights stream 32 bits per weight, a GGUF's Q4_K
+//! 4.5. [`PackedMatrix`] keeps a GGUF's K-quant blocks (Q4_K, Q5_K, Q6_K) at the file's bits per
+//! weight (within 3%: [`kcells`]), its Q4_0, Q4_1 and Q8_0 blocks at 6 (4-bit values) or 10
+//! (8-bit values) bits per weight (the scale and offset of each 32 widened to f32), f16 and
+//! bf16 tensors (a GGUF's or a safetensors folder's) at 16 bits, and can round f32 weights to 8
+//! bits ([`PackedMatrix::quantize_q8_0`]) or to bf16 ([`PackedMatrix::round_to_bf16`]).
 //!
 //! **The same values as the f32 path.** Every stored weight is `q * scale + offset` with the
 //! product exact ([`crate::gguf::blocks`]), so dequantizing with a fused multiply-add or with a
 //! multiply and an add gives the one f32 that [`crate::gguf::dequantize`] gives. A product over packed weights therefore
 //! computes, bit for bit, what the same product computes over the weights expanded to f32
-//! (`tests::dequantized_values_equal_the_gguf_expansion`, and the model-level test in
-//! `tests/packed_weights.rs`): the precision saves memory and bandwidth, never changes an output.
+//! (`tests::dequantized_values_equal_the_gguf_expansion`,
+//! `tests::k_quant_cells_equal_the_gguf_expansion`, and the model-level tests in
+//! `tests/packed_weights.rs` and `tests/llama_cpp_files.rs`): the precision saves memory and
+//! bandwidth, never changes an output.
 //!
 //! A 16-bit float widens to f32 exactly, so the same holds for f16 and bf16 cells.
 //!
 //! Layout: output columns in groups of 8 (the last padded), each group's reduction in cells of
-//! 32 rows (16 where a part has 16-weight sub-blocks). A cell of integers holds the 8 columns'
-//! scales (f32), their offsets (f32) and the rows x 8 values,
+//! 32 rows (16 where a part has 16-weight sub-blocks; 256, one block, for K-quant cells). A cell
+//! of Q4_0/Q4_1/Q8_0 integers holds the 8 columns' scales (f32), their offsets (f32) and the rows x 8 values,
 //! 8 bytes per row of the cell so one 8-byte load feeds one 8-lane vector: for 4-bit values a
 //! byte holds rows `2r` (low nibble) and `2r + 1` (high nibble); for 8-bit values a signed byte
 //! holds one row. A cell of 16-bit floats holds only its rows x 8 values (16 bytes per row).
+//! K-quant cells are laid out in [`kcells`].
 //! A group's cells are consecutive, so a product reads each group as one stream.
+//!
+//! Parts of one fused projection stored in different formats are kept apart, each as stored,
+//! by the model (`LinearWeight::Stacked`); [`PackedMatrix::from_blocks`] given such a mix
+//! widens them to one cell type that holds them all.
 
 mod dequant;
+pub(crate) mod kcells;
 
 #[cfg(all(target_arch = "x86_64", feature = "ndarray"))]
 pub(crate) use dequant::avx2::widen_floats;
@@ -59,6 +66,12 @@ pub enum CellValues {
     Bf16,
     /// IEEE half-precision values, no scale.
     F16,
+    /// Q4_K blocks at the file's bits: 256-row cells ([`kcells`]).
+    Q4K,
+    /// Q5_K blocks: 256-row cells with a plane of fifth bits ([`kcells`]).
+    Q5K,
+    /// Q6_K blocks: 256-row cells with a plane of top bit pairs, signed values ([`kcells`]).
+    Q6K,
 }
 
 impl CellValues {
@@ -71,20 +84,52 @@ impl CellValues {
         }
     }
 
+    /// The K-quant cells that keep tensors of `t` at the file's bits, if `t` is a K-quant.
+    fn of_k_quant(t: GgmlType) -> Option<CellValues> {
+        match t {
+            GgmlType::Q4_K => Some(CellValues::Q4K),
+            GgmlType::Q5_K => Some(CellValues::Q5K),
+            GgmlType::Q6_K => Some(CellValues::Q6K),
+            _ => None,
+        }
+    }
+
+    /// Whether cells of this type are K-quant blocks of [`kcells::ROWS`] rows.
+    pub fn is_k_quant(self) -> bool {
+        matches!(self, CellValues::Q4K | CellValues::Q5K | CellValues::Q6K)
+    }
+
+    /// Whether the values are integers with scales (not 16-bit floats).
+    pub fn is_integer(self) -> bool {
+        !matches!(self, CellValues::Bf16 | CellValues::F16)
+    }
+
     /// Bytes before a cell's values: the scales and offsets of integer cells.
     pub fn head_bytes(self) -> usize {
         match self {
             CellValues::Nibbles | CellValues::Bytes => HEAD_BYTES,
             CellValues::Bf16 | CellValues::F16 => 0,
+            CellValues::Q4K | CellValues::Q5K | CellValues::Q6K => kcells::head_bytes(self),
         }
     }
 
-    /// Bytes of the values of a cell of `rows` rows.
+    /// Bytes of the values of a cell of `rows` rows (K-quant cells: always 256).
     pub fn value_bytes(self, rows: usize) -> usize {
         match self {
             CellValues::Nibbles => rows * GROUP / 2,
             CellValues::Bytes => rows * GROUP,
             CellValues::Bf16 | CellValues::F16 => rows * GROUP * 2,
+            CellValues::Q4K | CellValues::Q5K | CellValues::Q6K => kcells::value_bytes(self),
+        }
+    }
+
+    /// Rows sharing one scale and offset: a K-quant's sub-block (32, or 16 for Q6_K), else
+    /// the whole cell.
+    pub fn sub_rows(self, cell_rows: usize) -> usize {
+        if self.is_k_quant() {
+            kcells::Layout::of(self).sub_rows
+        } else {
+            cell_rows
         }
     }
 
@@ -99,8 +144,9 @@ impl CellValues {
         #[cfg(target_arch = "x86_64")]
         {
             static F16C: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+            // f16 cells and the K-quants' f16 scales widen with F16C.
             kvb_gemm::has_fma()
-                && (self != CellValues::F16
+                && ((self != CellValues::F16 && !self.is_k_quant())
                     || *F16C.get_or_init(|| std::arch::is_x86_feature_detected!("f16c")))
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -192,6 +238,11 @@ impl PackedMatrix {
         if let Some(values) = CellValues::of_float(first.ggml_type) {
             return Self::from_floats(values, &parts);
         }
+        if let Some(values) = CellValues::of_k_quant(first.ggml_type) {
+            if parts.iter().all(|p| p.ggml_type == first.ggml_type) {
+                return Self::from_k_quants(values, &parts);
+            }
+        }
         let k = first.cols;
         for &p in &parts {
             let (per_block, block_bytes) = p.ggml_type.block();
@@ -240,6 +291,46 @@ impl PackedMatrix {
                 }
                 out.put_column(j, &coded);
                 j += 1;
+            }
+        }
+        Ok(out)
+    }
+
+    /// K-quant parts, every one of the type `values` keeps, at the file's bits ([`kcells`]).
+    fn from_k_quants(values: CellValues, parts: &[&BlockTensor]) -> Result<Self> {
+        let (t, k) = (parts[0].ggml_type, parts[0].cols);
+        let (per_block, block_bytes) = t.block();
+        for p in parts {
+            if p.cols != k
+                || k % per_block != 0
+                || p.bytes.len() != p.rows * k / per_block * block_bytes
+            {
+                return Err(ModelError::Weights(format!(
+                    "cannot keep a {} tensor of [{}, {}] packed ({} bytes; parts must share their \
+                     input width and hold whole blocks of {per_block})",
+                    type_name(p.ggml_type),
+                    p.rows,
+                    p.cols,
+                    p.bytes.len()
+                )));
+            }
+        }
+        let n: usize = parts.iter().map(|p| p.rows).sum();
+        let mut out = PackedMatrix::zeroed(values, kcells::ROWS, k, n, type_name(t));
+        let rows = parts
+            .iter()
+            .flat_map(|p| p.bytes.chunks_exact(k / per_block * block_bytes));
+        let cell_bytes = out.cell_bytes();
+        for (j, row) in rows.enumerate() {
+            for (c, block) in row.chunks_exact(block_bytes).enumerate() {
+                let at = out.cell_at(j / GROUP, c);
+                let block = blocks::KBlock::read(t, block);
+                kcells::put(
+                    values,
+                    &mut out.data[at..at + cell_bytes],
+                    j % GROUP,
+                    &block,
+                );
             }
         }
         Ok(out)
@@ -389,9 +480,7 @@ impl PackedMatrix {
                         values[r / 2 * GROUP + lane] |= ((w.q as u8) & 0x0f) << (4 * (r % 2))
                     }
                     CellValues::Bytes => values[r * GROUP + lane] = w.q as u8,
-                    CellValues::Bf16 | CellValues::F16 => {
-                        unreachable!("16-bit cells are filled by put_float_column")
-                    }
+                    _ => unreachable!("16-bit and K-quant cells are filled by their own puts"),
                 }
             }
         }
@@ -452,21 +541,34 @@ impl PackedMatrix {
         out
     }
 
-    /// Column `j`'s cell `c` as stored, for re-laying the weight out
-    /// ([`crate::int8::IntDotMatrix`]): its scale and offset, and its `cell_rows` integers in
-    /// `q` (4-bit values unsigned, 8-bit values signed); `None` for 16-bit float cells.
+    /// Column `j`'s reduction rows `32 b..32 b + 32` as stored, for re-laying the weight out
+    /// ([`crate::int8::IntDotMatrix`]): their scale and offset, and their integers in `q` (4-
+    /// and 5-bit values unsigned, 8-bit values signed); `None` for 16-bit float cells and where
+    /// 32 rows do not share one scale (cells of 16 rows, Q6_K).
     #[cfg(feature = "ndarray")]
-    pub(crate) fn stored_integers(&self, j: usize, c: usize, q: &mut [i16]) -> Option<(f32, f32)> {
-        let (g, lane, rows) = (j / GROUP, j % GROUP, self.cell_rows);
+    pub(crate) fn stored_integers(&self, j: usize, b: usize, q: &mut [i16]) -> Option<(f32, f32)> {
+        const RUN: usize = 32;
+        if !self.values.is_integer() || self.values.sub_rows(self.cell_rows) != RUN {
+            return None;
+        }
+        let (g, lane) = (j / GROUP, j % GROUP);
+        let (c, r0) = (b * RUN / self.cell_rows, b * RUN % self.cell_rows);
         let at = self.cell_at(g, c);
         let cell = &self.data[at..at + self.cell_bytes()];
+        if self.values.is_k_quant() {
+            let mut scales = (0.0, 0.0);
+            for (r, q) in q.iter_mut().take(RUN).enumerate() {
+                let (v, scale, offset) = kcells::parts(self.values, cell, r0 + r, lane);
+                (*q, scales) = (v as i16, (scale, offset));
+            }
+            return Some(scales);
+        }
         let f = |o: usize| f32::from_le_bytes([cell[o], cell[o + 1], cell[o + 2], cell[o + 3]]);
         let v = &cell[HEAD_BYTES..];
-        for (r, q) in q.iter_mut().take(rows).enumerate() {
+        for (r, q) in q.iter_mut().take(RUN).enumerate() {
             *q = match self.values {
                 CellValues::Nibbles => ((v[r / 2 * GROUP + lane] >> (4 * (r % 2))) & 0x0f) as i16,
-                CellValues::Bytes => v[r * GROUP + lane] as i8 as i16,
-                CellValues::Bf16 | CellValues::F16 => return None,
+                _ => v[r * GROUP + lane] as i8 as i16,
             };
         }
         Some((f(lane * 4), f(GROUP * 4 + lane * 4)))

@@ -196,3 +196,123 @@ fn unpackable_tensors_are_errors_naming_the_problem() {
     short.bytes.pop();
     assert!(PackedMatrix::from_blocks(&[short]).is_err());
 }
+
+/// Random K-quant blocks of `ggml_type` for a `[rows, cols]` tensor: finite super-block scales
+/// and mins of either sign, every other byte random (scales, mins, values, fifth and top bits).
+fn k_blocks(ggml_type: GgmlType, rows: usize, cols: usize, seed: u64) -> BlockTensor {
+    let (per_block, block_bytes) = ggml_type.block();
+    let mut state = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state as u32
+    };
+    let mut bytes = Vec::new();
+    for _ in 0..rows * cols / per_block {
+        let mut block: Vec<u8> = (0..block_bytes).map(|_| next() as u8).collect();
+        let scale = |v: u32| half::f16::from_f32((v % 2001) as f32 / 1000.0 - 1.0).to_le_bytes();
+        let d_at = if ggml_type == GgmlType::Q6_K { 208 } else { 0 };
+        block[d_at..d_at + 2].copy_from_slice(&scale(next()));
+        if ggml_type != GgmlType::Q6_K {
+            block[2..4].copy_from_slice(&scale(next()));
+        }
+        bytes.extend(block);
+    }
+    BlockTensor {
+        ggml_type,
+        rows,
+        cols,
+        bytes,
+    }
+}
+
+fn any_k_type() -> impl Strategy<Value = GgmlType> {
+    prop_oneof![
+        Just(GgmlType::Q4_K),
+        Just(GgmlType::Q5_K),
+        Just(GgmlType::Q6_K)
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    /// K-quant cells keep every value: the dense expansion, every column and any window of
+    /// cells and columns equal the GGUF expansion bit for bit, for a stack of parts of one type.
+    #[test]
+    fn k_quant_cells_equal_the_gguf_expansion(
+        t in any_k_type(),
+        rows in proptest::collection::vec(1usize..21, 1..4),
+        blocks_per_row in 1usize..4,
+        g0 in 0usize..5, c0 in 0usize..3, extra in 0usize..9,
+        seed in 0u64..1000,
+    ) {
+        let cols = blocks_per_row * 256;
+        let tensors: Vec<BlockTensor> =
+            rows.iter().enumerate().map(|(i, &r)| k_blocks(t, r, cols, seed + i as u64)).collect();
+        let packed = PackedMatrix::from_blocks(&tensors).unwrap();
+        let n: usize = rows.iter().sum();
+        prop_assert!(packed.cell_values().is_k_quant());
+        prop_assert_eq!((packed.k(), packed.n()), (cols, n));
+        let dense = packed.to_dense();
+        let mut j = 0;
+        for tensor in &tensors {
+            let want = tensor.to_f32();
+            for r in 0..tensor.rows {
+                for i in 0..cols {
+                    prop_assert_eq!(dense[i * n + j].to_bits(), want[r * cols + i].to_bits(), "column {} row {}", j, i);
+                }
+                let column: Vec<u32> = packed.column(j).iter().map(|v| v.to_bits()).collect();
+                let expected: Vec<u32> = want[r * cols..(r + 1) * cols].iter().map(|v| v.to_bits()).collect();
+                prop_assert_eq!(column, expected);
+                j += 1;
+            }
+        }
+        // A window, through the panels' path (the vector kernels where the CPU has them).
+        let j0 = (g0 * GROUP).min((n - 1) / GROUP * GROUP);
+        let width = n - j0;
+        let (c0, c1) = (c0.min(blocks_per_row - 1), blocks_per_row);
+        let stride = width.div_ceil(GROUP) * GROUP + extra;
+        let mut out = vec![f32::NAN; (c1 - c0) * 256 * stride];
+        packed.dequantize_into((c0, c1), (j0, width), &mut out, stride);
+        for i in 0..(c1 - c0) * 256 {
+            for c in 0..width {
+                prop_assert_eq!(out[i * stride + c].to_bits(), dense[(c0 * 256 + i) * n + j0 + c].to_bits());
+            }
+        }
+    }
+
+    /// K-quant cells hold the file's bytes: Q6_K exactly, Q4_K and Q5_K within 3% (their 6-bit
+    /// scales and mins take a byte each), for whole groups of 8 columns.
+    #[test]
+    fn k_quant_cells_take_the_files_bytes(t in any_k_type(), groups in 1usize..6, blocks_per_row in 1usize..4) {
+        let (rows, cols) = (groups * GROUP, blocks_per_row * 256);
+        let tensor = k_blocks(t, rows, cols, 7);
+        let packed = PackedMatrix::from_blocks(std::slice::from_ref(&tensor)).unwrap();
+        let ratio = packed.bytes() as f64 / tensor.bytes.len() as f64;
+        if t == GgmlType::Q6_K {
+            prop_assert_eq!(packed.bytes(), tensor.bytes.len());
+        } else {
+            prop_assert!((1.0..1.03).contains(&ratio), "{:?}: {}", t, ratio);
+        }
+    }
+}
+
+/// A bad K-quant tensor is an error naming its type and shape; parts of two K-quant types are
+/// kept together in a common cell type (no error).
+#[test]
+fn k_quant_tensors_that_cannot_be_kept_are_errors() {
+    let mut short = k_blocks(GgmlType::Q4_K, 3, 512, 1);
+    short.bytes.truncate(short.bytes.len() - 5);
+    let err = PackedMatrix::from_blocks(&[short]).unwrap_err().to_string();
+    assert!(err.contains("q4_k") && err.contains("[3, 512]"), "{err}");
+    let a = k_blocks(GgmlType::Q4_K, 8, 256, 1);
+    let b = k_blocks(GgmlType::Q6_K, 8, 256, 2);
+    let mixed = PackedMatrix::from_blocks(&[a.clone(), b.clone()]).unwrap();
+    let dense = mixed.to_dense();
+    let (wa, wb) = (a.to_f32(), b.to_f32());
+    for i in 0..256 {
+        assert_eq!(dense[i * 16], wa[i]);
+        assert_eq!(dense[i * 16 + 8], wb[i]);
+    }
+}

@@ -44,9 +44,10 @@ impl std::fmt::Debug for IntDotMatrix {
 }
 
 impl IntDotMatrix {
-    /// Whether [`IntDotMatrix::from_packed`] takes `p`: integer cells of 32 rows.
+    /// Whether [`IntDotMatrix::from_packed`] takes `p`: integers sharing a scale per 32 rows
+    /// (not Q6_K's 16).
     pub fn takes(p: &PackedMatrix) -> bool {
-        matches!(p.cell_values(), CellValues::Nibbles | CellValues::Bytes) && p.cell_rows() == BLOCK
+        p.cell_values().is_integer() && p.cell_values().sub_rows(p.cell_rows()) == BLOCK
     }
 
     /// `p` re-laid out, or `None` where [`IntDotMatrix::takes`] does not take it.
@@ -54,7 +55,7 @@ impl IntDotMatrix {
         if !Self::takes(p) {
             return None;
         }
-        let nibbles = p.cell_values() == CellValues::Nibbles;
+        let nibbles = matches!(p.cell_values(), CellValues::Nibbles | CellValues::Q4K);
         let (k, n) = (p.k(), p.n());
         let blocks = k / BLOCK;
         let mut out = IntDotMatrix {

@@ -5,9 +5,9 @@ use super::{IntDotMatrix, QuantizedRows, BLOCK};
 use crate::model::test_values::{packed_matrix, spread};
 use proptest::prelude::*;
 
-/// The integer formats [`packed_matrix`] builds: 0 Q8_0 (8-bit, no offsets), 1 Q4_1 (4-bit with
-/// offsets).
-const INTEGER_FORMATS: [usize; 2] = [0, 1];
+/// The integer formats of 32-row runs [`packed_matrix`] builds: 0 Q8_0 (8-bit, no offsets),
+/// 1 Q4_1 (4-bit with offsets), 5 Q4_K (4-bit K-quant cells), 6 Q5_K (5-bit values).
+const INTEGER_FORMATS: [usize; 4] = [0, 1, 5, 6];
 
 /// The exact product of `a`'s dequantized rows and `w`'s values, in f64.
 fn exact(a: &QuantizedRows, w: &IntDotMatrix) -> Vec<f64> {
@@ -46,7 +46,7 @@ proptest! {
     #[test]
     fn kernels_give_the_definitions_bits(
         m in 1usize..80, blocks_per_row in 1usize..12, n in 1usize..70,
-        format in 0usize..2, seed in 0u32..1000,
+        format in 0usize..INTEGER_FORMATS.len(), seed in 0u32..1000,
     ) {
         let (w, x, k) = operands(format, blocks_per_row, n, m, seed);
         let a = QuantizedRows::new(&x, m, k);
@@ -74,7 +74,7 @@ proptest! {
     #[test]
     fn a_rows_result_does_not_depend_on_its_neighbours(
         m in 2usize..20, blocks_per_row in 1usize..8, n in 1usize..40,
-        format in 0usize..2, seed in 0u32..1000,
+        format in 0usize..INTEGER_FORMATS.len(), seed in 0u32..1000,
     ) {
         let (w, x, k) = operands(format, blocks_per_row, n, m, seed);
         let together = super::matmul(&x, m, &w);
@@ -89,7 +89,7 @@ proptest! {
     /// The re-laid-out weight keeps every value of the packed one.
     #[test]
     fn columns_keep_the_packed_values(
-        blocks_per_row in 1usize..6, n in 1usize..40, format in 0usize..2, seed in 0u32..1000,
+        blocks_per_row in 1usize..6, n in 1usize..40, format in 0usize..INTEGER_FORMATS.len(), seed in 0u32..1000,
     ) {
         let (packed, _) = packed_matrix(INTEGER_FORMATS[format], blocks_per_row, n, seed);
         let w = IntDotMatrix::from_packed(&packed).expect("integer cells of 32");

@@ -1,7 +1,7 @@
 //! The 8-lane kernel (AVX2, FMA, F16C): one group of 8 columns per register.
 
 use super::*;
-use crate::packed::{prefetch_cell, AHEAD};
+use crate::packed::{kcells, prefetch_cell, AHEAD};
 use std::arch::x86_64::*;
 
 /// [`run_groups`] for `m` rows (1 to 7) and `groups` groups (1, 2 or 4), as
@@ -21,7 +21,8 @@ pub(super) unsafe fn run_set(m: usize, groups: usize, set: &Set) {
 
 /// Rows `0..R` of x against `G` groups: per reduction row, each group's 8 weights are
 /// widened, converted and scaled once and multiplied into the R rows' accumulators.
-#[inline(always)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn run_groups<const R: usize, const G: usize>(a: &Set) {
     let rows = a.cell_rows;
     let cell_bytes = a.values.cell_bytes(rows);
@@ -31,8 +32,11 @@ unsafe fn run_groups<const R: usize, const G: usize>(a: &Set) {
     let low = _mm256_set1_epi32(0x0f);
     for c in 0..cells {
         let head: [*const u8; G] = std::array::from_fn(|i| a.cells[i].add(c * cell_bytes));
-        for h in head {
-            prefetch_cell(h.wrapping_add(AHEAD * cell_bytes), cell_bytes);
+        // K-quant cells are long runs that the hardware prefetchers follow.
+        if !a.values.is_k_quant() {
+            for h in head {
+                prefetch_cell(h.wrapping_add(AHEAD * cell_bytes), cell_bytes);
+            }
         }
         let xrow = |r: usize, i: usize| _mm256_broadcast_ss(&*a.x.add((c * rows + i) * R + r));
         // Each group's 8 scales and offsets, for integer cells.
@@ -43,6 +47,17 @@ unsafe fn run_groups<const R: usize, const G: usize>(a: &Set) {
             )
         };
         match a.values {
+            // K-quant cells: every group's row at once (G chains of multiply-adds per row).
+            CellValues::Q4K | CellValues::Q5K | CellValues::Q6K => {
+                macro_rules! run {
+                    ($k:expr) => {
+                        kcells::avx2::each_row::<G, $k>(head, |p, w| {
+                            multiply_into(&mut acc, w, |r| xrow(r, p))
+                        })
+                    };
+                }
+                kcells::by_kind!(a.values, run);
+            }
             CellValues::Nibbles => {
                 let (scale, offset) = scales();
                 for p in 0..rows / 2 {
@@ -104,7 +119,8 @@ unsafe fn run_groups<const R: usize, const G: usize>(a: &Set) {
 }
 
 /// `acc[r][i] += x(r) * w[i]` for every row and group.
-#[inline(always)]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
 unsafe fn multiply_into<const R: usize, const G: usize>(
     acc: &mut [[__m256; G]; R],
     w: &[__m256; G],

@@ -4,7 +4,7 @@
 //! computes what [`super::avx2`] computes for its column, in the same order: the same bits.
 
 use super::*;
-use crate::packed::{bytes16, join, prefetch_cell, widen_pair, AHEAD};
+use crate::packed::{bytes16, join, kcells, prefetch_cell, widen_pair, AHEAD};
 use std::arch::x86_64::*;
 
 /// [`run_pairs`] for `m` rows (1 to 16) and `pairs` pairs (1, 2 or 4), as [`super::columns`]
@@ -44,11 +44,25 @@ unsafe fn run_pairs<const R: usize, const P: usize>(a: &Set) {
                 a.cells[2 * i + 1].add(c * cell_bytes),
             ];
         }
-        for h in head.iter().flatten() {
-            prefetch_cell(h.wrapping_add(AHEAD * cell_bytes), cell_bytes);
+        // K-quant cells are long runs that the hardware prefetchers follow.
+        if !a.values.is_k_quant() {
+            for h in head.iter().flatten() {
+                prefetch_cell(h.wrapping_add(AHEAD * cell_bytes), cell_bytes);
+            }
         }
         let xrow = |r: usize, i: usize| *a.x.add((c * rows + i) * R + r);
         match a.values {
+            // K-quant cells: every pair's row at once (P chains of multiply-adds per row).
+            CellValues::Q4K | CellValues::Q5K | CellValues::Q6K => {
+                macro_rules! run {
+                    ($k:expr) => {
+                        kcells::avx512::each_row::<P, $k>(head, |p, w| {
+                            multiply_into(&mut acc, w, |r| xrow(r, p))
+                        })
+                    };
+                }
+                kcells::by_kind!(a.values, run);
+            }
             CellValues::Nibbles | CellValues::Bytes => {
                 let mut scale = [_mm512_setzero_ps(); P];
                 let mut offset = [_mm512_setzero_ps(); P];

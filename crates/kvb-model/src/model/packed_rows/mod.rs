@@ -208,7 +208,7 @@ mod tests {
         #[test]
         fn each_kernel_gives_the_f32_products_bits(
             m in 1usize..=16, blocks_per_row in 1usize..20, n in 1usize..300,
-            format in 0usize..5, seed in 0u32..1000,
+            format in 0usize..super::super::test_values::FORMATS, seed in 0u32..1000,
         ) {
             let (packed, k) = packed_matrix(format, blocks_per_row, n, seed);
             let x: Vec<f32> = (0..m * k).map(|i| spread(i, seed, 700.0)).collect();

@@ -1,0 +1,409 @@
+//! K-quant cells: a GGUF's Q4_K, Q5_K and Q6_K blocks kept at the file's bits per weight.
+//!
+//! A cell is one K-quant block's 256 reduction rows for the 8 columns of a group, holding what
+//! the 8 blocks hold, re-laid so that one 8-byte load feeds one 8-lane vector:
+//! - the head: each column's super-block scale `d` (and for Q4_K/Q5_K its `dmin`) as the file's
+//!   f16 bytes, then its sub-block scales (and mins) as bytes, sub-block by sub-block;
+//! - the low 4 bits of every value, two rows per byte (row `2p` in the low nibble of byte
+//!   `p * 8 + lane`, row `2p + 1` in the high one);
+//! - Q5_K: the fifth bits, 8 rows per byte (row `r` in bit `r % 8` of byte `r / 8 * 8 + lane`);
+//!   Q6_K: the top two bits, 4 rows per byte (bits `2 (r % 4)` of byte `r / 4 * 8 + lane`).
+//!
+//! Bits per weight: Q4_K 4.625 (file 4.5: bytes for the 6-bit scales and mins), Q5_K 5.625
+//! (5.5), Q6_K 6.5625 (the file's). A weight's value is computed as the file defines it
+//! ([`crate::gguf::blocks::KBlock`]): `(q - bias) * (d * sc) + -(dmin * m)`, every product exact in
+//! f32, so the vector kernels, which form `d * sc` in a register, give the same f32.
+
+use super::{CellValues, GROUP};
+use crate::gguf::blocks::KBlock;
+
+/// Rows of a K-quant cell (one block).
+pub const ROWS: usize = 256;
+
+/// Byte offsets inside a cell of `values` (a K-quant cell type).
+#[derive(Clone, Copy)]
+pub(crate) struct Layout {
+    /// The `dmin` values (Q4_K, Q5_K).
+    pub dmin: usize,
+    /// The sub-block scales, `[sub][lane]`.
+    pub sc: usize,
+    /// The sub-block mins, `[sub][lane]` (Q4_K, Q5_K).
+    pub m: usize,
+    /// The nibbles.
+    pub nibbles: usize,
+    /// The high bits (Q5_K, Q6_K).
+    pub high: usize,
+    /// Rows per sub-block.
+    pub sub_rows: usize,
+}
+
+impl Layout {
+    pub(crate) const fn of(values: CellValues) -> Layout {
+        match values {
+            CellValues::Q6K => Layout {
+                dmin: 0,
+                sc: 16,
+                m: 0,
+                nibbles: 144,
+                high: 144 + ROWS * GROUP / 2,
+                sub_rows: 16,
+            },
+            _ => Layout {
+                dmin: 16,
+                sc: 32,
+                m: 96,
+                nibbles: 160,
+                high: 160 + ROWS * GROUP / 2,
+                sub_rows: 32,
+            },
+        }
+    }
+}
+
+/// The K-quant cell types as constants, for kernels instantiated per type ([`kind`]).
+pub(crate) const KIND_Q4K: u8 = 0;
+pub(crate) const KIND_Q5K: u8 = 1;
+pub(crate) const KIND_Q6K: u8 = 2;
+
+/// `values` as a kind constant (K-quant cell types only).
+pub(crate) const fn kind(values: CellValues) -> u8 {
+    match values {
+        CellValues::Q5K => KIND_Q5K,
+        CellValues::Q6K => KIND_Q6K,
+        _ => KIND_Q4K,
+    }
+}
+
+const fn of_kind(kind: u8) -> CellValues {
+    match kind {
+        KIND_Q5K => CellValues::Q5K,
+        KIND_Q6K => CellValues::Q6K,
+        _ => CellValues::Q4K,
+    }
+}
+
+/// Calls `$run!(KIND)` with `$values`' kind as a constant (a K-quant cell type).
+macro_rules! by_kind {
+    ($values:expr, $run:ident) => {
+        match $crate::packed::kcells::kind($values) {
+            $crate::packed::kcells::KIND_Q5K => $run!({ $crate::packed::kcells::KIND_Q5K }),
+            $crate::packed::kcells::KIND_Q6K => $run!({ $crate::packed::kcells::KIND_Q6K }),
+            _ => $run!({ $crate::packed::kcells::KIND_Q4K }),
+        }
+    };
+}
+pub(crate) use by_kind;
+
+/// Bytes of a cell's head (scales and mins).
+pub(crate) fn head_bytes(values: CellValues) -> usize {
+    Layout::of(values).nibbles
+}
+
+/// Bytes of the values of a cell (256 rows).
+pub(crate) fn value_bytes(values: CellValues) -> usize {
+    ROWS * GROUP / 2
+        + match values {
+            CellValues::Q5K => ROWS * GROUP / 8,
+            CellValues::Q6K => ROWS * GROUP / 4,
+            _ => 0,
+        }
+}
+
+/// Stores `block` as lane `lane` of `cell`.
+pub(crate) fn put(values: CellValues, cell: &mut [u8], lane: usize, block: &KBlock) {
+    let at = Layout::of(values);
+    cell[lane * 2..lane * 2 + 2].copy_from_slice(&block.d);
+    if values != CellValues::Q6K {
+        cell[at.dmin + lane * 2..at.dmin + lane * 2 + 2].copy_from_slice(&block.dmin);
+    }
+    for s in 0..ROWS / at.sub_rows {
+        cell[at.sc + s * GROUP + lane] = block.sc[s];
+        if values != CellValues::Q6K {
+            cell[at.m + s * GROUP + lane] = block.m[s];
+        }
+    }
+    for (r, &q) in block.q.iter().enumerate() {
+        cell[at.nibbles + r / 2 * GROUP + lane] |= (q & 0x0f) << (4 * (r % 2));
+        let high = q >> 4;
+        match values {
+            CellValues::Q5K => cell[at.high + r / 8 * GROUP + lane] |= (high & 1) << (r % 8),
+            CellValues::Q6K => cell[at.high + r / 4 * GROUP + lane] |= (high & 3) << (2 * (r % 4)),
+            _ => {}
+        }
+    }
+}
+
+/// Row `r`, lane `lane` of `cell`: its signed integer, and its sub-block's scale and offset (the
+/// value is `q * scale + offset`, the product exact).
+pub(crate) fn parts(values: CellValues, cell: &[u8], r: usize, lane: usize) -> (i32, f32, f32) {
+    let at = Layout::of(values);
+    let f16 = |o: usize| half::f16::from_le_bytes([cell[o], cell[o + 1]]).to_f32();
+    let s = r / at.sub_rows;
+    let low = (cell[at.nibbles + r / 2 * GROUP + lane] >> (4 * (r % 2))) & 0x0f;
+    let d = f16(lane * 2);
+    let sc = cell[at.sc + s * GROUP + lane];
+    match values {
+        CellValues::Q6K => {
+            let high = (cell[at.high + r / 4 * GROUP + lane] >> (2 * (r % 4))) & 3;
+            let q = (low | high << 4) as i32 - 32;
+            (q, d * sc as i8 as f32, -0.0)
+        }
+        _ => {
+            let high = if values == CellValues::Q5K {
+                (cell[at.high + r / 8 * GROUP + lane] >> (r % 8)) & 1
+            } else {
+                0
+            };
+            let m = cell[at.m + s * GROUP + lane];
+            let offset = -(f16(at.dmin + lane * 2) * m as f32);
+            ((low | high << 4) as i32, d * sc as f32, offset)
+        }
+    }
+}
+
+/// AVX2 pieces (8 lanes: one group).
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2 {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    /// The 8 bytes at `p`, zero- or sign-extended to i32 lanes.
+    #[inline(always)]
+    unsafe fn bytes(p: *const u8, signed: bool) -> __m256i {
+        let raw = _mm_loadl_epi64(p as *const __m128i);
+        if signed {
+            _mm256_cvtepi8_epi32(raw)
+        } else {
+            _mm256_cvtepu8_epi32(raw)
+        }
+    }
+
+    /// Calls `row(r, w)` with each row's weights of `U` cells of kind `K` (one per group, `w[i]` from
+    /// `cells[i]`), in row order: per sub-block each cell's scale `d * sc` and offset
+    /// `-(dmin * m)` formed once (exact products), then `fma(scale, q, offset)` per row, as the
+    /// portable [`super::parts`] defines them. The `U` cells' rows come together so that a
+    /// product has `U` independent chains of multiply-adds (one chain per column is the f32
+    /// order, and alone it waits on the multiply-add's latency).
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C are present; `cells` point at whole cells of `values`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn each_row<const U: usize, const K: u8>(
+        cells: [*const u8; U],
+        mut row: impl FnMut(usize, &[__m256; U]),
+    ) {
+        // The type as a constant, so that no test of it is left in the loops.
+        let values = of_kind(K);
+        let at = Layout::of(values);
+        let q6 = values == CellValues::Q6K;
+        let mut d = [_mm256_setzero_ps(); U];
+        let mut dmin = [_mm256_setzero_ps(); U];
+        for i in 0..U {
+            d[i] = _mm256_cvtph_ps(_mm_loadu_si128(cells[i] as *const __m128i));
+            dmin[i] = _mm256_cvtph_ps(_mm_loadu_si128(cells[i].add(at.dmin) as *const __m128i));
+        }
+        let sign = _mm256_set1_ps(-0.0);
+        let (low, two, one) = (
+            _mm256_set1_epi32(0x0f),
+            _mm256_set1_epi32(3),
+            _mm256_set1_epi32(1),
+        );
+        let bias = _mm256_set1_epi32(if q6 { 32 } else { 0 });
+        let mut scale = [_mm256_setzero_ps(); U];
+        let mut offset = [sign; U];
+        let mut high = [[_mm256_setzero_si256(); 2]; U];
+        for s in 0..ROWS / at.sub_rows {
+            for i in 0..U {
+                let sc = _mm256_cvtepi32_ps(bytes(cells[i].add(at.sc + s * GROUP), q6));
+                scale[i] = _mm256_mul_ps(d[i], sc);
+                if !q6 {
+                    let m = _mm256_cvtepi32_ps(bytes(cells[i].add(at.m + s * GROUP), false));
+                    offset[i] = _mm256_xor_ps(_mm256_mul_ps(dmin[i], m), sign);
+                }
+            }
+            // Rows in runs of 8 (one byte of Q5_K's fifth bits, two of Q6_K's top bits).
+            for run in 0..at.sub_rows / 8 {
+                let r0 = s * at.sub_rows + run * 8;
+                for (i, h) in high.iter_mut().enumerate() {
+                    match values {
+                        CellValues::Q5K => {
+                            h[0] = bytes(cells[i].add(at.high + r0 / 8 * GROUP), false)
+                        }
+                        CellValues::Q6K => {
+                            h[0] = bytes(cells[i].add(at.high + r0 / 4 * GROUP), false);
+                            h[1] = bytes(cells[i].add(at.high + (r0 / 4 + 1) * GROUP), false);
+                        }
+                        _ => {}
+                    }
+                }
+                for p in 0..4 {
+                    let r = r0 + 2 * p;
+                    let mut lo = [_mm256_setzero_si256(); U];
+                    let mut hi = [_mm256_setzero_si256(); U];
+                    for i in 0..U {
+                        let nib = bytes(cells[i].add(at.nibbles + r / 2 * GROUP), false);
+                        lo[i] = _mm256_and_si256(nib, low);
+                        hi[i] = _mm256_srli_epi32::<4>(nib);
+                        match values {
+                            CellValues::Q5K => {
+                                let h =
+                                    _mm256_srl_epi32(high[i][0], _mm_cvtsi32_si128(2 * p as i32));
+                                let b = _mm256_slli_epi32::<4>(_mm256_and_si256(h, one));
+                                lo[i] = _mm256_or_si256(lo[i], b);
+                                let h = _mm256_srli_epi32::<1>(h);
+                                let b = _mm256_slli_epi32::<4>(_mm256_and_si256(h, one));
+                                hi[i] = _mm256_or_si256(hi[i], b);
+                            }
+                            CellValues::Q6K => {
+                                let shift = _mm_cvtsi32_si128(4 * (p % 2) as i32);
+                                let h = _mm256_srl_epi32(high[i][p / 2], shift);
+                                let b = _mm256_slli_epi32::<4>(_mm256_and_si256(h, two));
+                                lo[i] = _mm256_sub_epi32(_mm256_or_si256(lo[i], b), bias);
+                                let h = _mm256_srli_epi32::<2>(h);
+                                let b = _mm256_slli_epi32::<4>(_mm256_and_si256(h, two));
+                                hi[i] = _mm256_sub_epi32(_mm256_or_si256(hi[i], b), bias);
+                            }
+                            _ => {}
+                        }
+                    }
+                    let mut w = [_mm256_setzero_ps(); U];
+                    for i in 0..U {
+                        w[i] = _mm256_fmadd_ps(scale[i], _mm256_cvtepi32_ps(lo[i]), offset[i]);
+                    }
+                    row(r, &w);
+                    for i in 0..U {
+                        w[i] = _mm256_fmadd_ps(scale[i], _mm256_cvtepi32_ps(hi[i]), offset[i]);
+                    }
+                    row(r + 1, &w);
+                }
+            }
+        }
+    }
+}
+
+/// AVX-512 pieces (16 lanes: the same cell of two groups side by side).
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512 {
+    use super::super::dequant::avx512::bytes16;
+    use super::*;
+    use std::arch::x86_64::*;
+
+    /// 8 bytes at `a` and 8 at `b`, zero- or sign-extended to 16 i32 lanes.
+    #[inline(always)]
+    unsafe fn bytes([a, b]: [*const u8; 2], at: usize, signed: bool) -> __m512i {
+        let raw = bytes16(a.add(at), b.add(at));
+        if signed {
+            _mm512_cvtepi8_epi32(raw)
+        } else {
+            _mm512_cvtepu8_epi32(raw)
+        }
+    }
+
+    /// The 8 f16 at `a + at` and the 8 at `b + at` as 16 f32 lanes.
+    #[inline(always)]
+    unsafe fn halves([a, b]: [*const u8; 2], at: usize) -> __m512 {
+        _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(
+            _mm256_castsi128_si256(_mm_loadu_si128(a.add(at) as *const __m128i)),
+            _mm_loadu_si128(b.add(at) as *const __m128i),
+        ))
+    }
+
+    /// [`super::avx2::each_row`] for `U` pairs of groups: `w[i]` holds row `r`'s 16 weights of
+    /// pair `i` (the cell of `cells[i][0]` in the low 8 lanes); each lane computed as the 8-lane
+    /// kernel does.
+    ///
+    /// # Safety
+    /// AVX-512F is present; `cells` point at whole cells of `values`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn each_row<const U: usize, const K: u8>(
+        cells: [[*const u8; 2]; U],
+        mut row: impl FnMut(usize, &[__m512; U]),
+    ) {
+        // The type as a constant, so that no test of it is left in the loops.
+        let values = of_kind(K);
+        let at = Layout::of(values);
+        let q6 = values == CellValues::Q6K;
+        let mut d = [_mm512_setzero_ps(); U];
+        let mut dmin = [_mm512_setzero_ps(); U];
+        for i in 0..U {
+            d[i] = halves(cells[i], 0);
+            dmin[i] = halves(cells[i], at.dmin);
+        }
+        let sign = _mm512_castps_si512(_mm512_set1_ps(-0.0));
+        let (low, two, one) = (
+            _mm512_set1_epi32(0x0f),
+            _mm512_set1_epi32(3),
+            _mm512_set1_epi32(1),
+        );
+        let bias = _mm512_set1_epi32(if q6 { 32 } else { 0 });
+        let mut scale = [_mm512_setzero_ps(); U];
+        let mut offset = [_mm512_castsi512_ps(sign); U];
+        let mut high = [[_mm512_setzero_si512(); 2]; U];
+        for s in 0..ROWS / at.sub_rows {
+            for i in 0..U {
+                let sc = bytes(cells[i], at.sc + s * GROUP, q6);
+                scale[i] = _mm512_mul_ps(d[i], _mm512_cvtepi32_ps(sc));
+                if !q6 {
+                    let m = _mm512_cvtepi32_ps(bytes(cells[i], at.m + s * GROUP, false));
+                    let dm = _mm512_castps_si512(_mm512_mul_ps(dmin[i], m));
+                    offset[i] = _mm512_castsi512_ps(_mm512_xor_si512(dm, sign));
+                }
+            }
+            for run in 0..at.sub_rows / 8 {
+                let r0 = s * at.sub_rows + run * 8;
+                for (i, h) in high.iter_mut().enumerate() {
+                    match values {
+                        CellValues::Q5K => h[0] = bytes(cells[i], at.high + r0 / 8 * GROUP, false),
+                        CellValues::Q6K => {
+                            h[0] = bytes(cells[i], at.high + r0 / 4 * GROUP, false);
+                            h[1] = bytes(cells[i], at.high + (r0 / 4 + 1) * GROUP, false);
+                        }
+                        _ => {}
+                    }
+                }
+                for p in 0..4 {
+                    let r = r0 + 2 * p;
+                    let mut lo = [_mm512_setzero_si512(); U];
+                    let mut hi = [_mm512_setzero_si512(); U];
+                    for i in 0..U {
+                        let nib = bytes(cells[i], at.nibbles + r / 2 * GROUP, false);
+                        lo[i] = _mm512_and_si512(nib, low);
+                        hi[i] = _mm512_srli_epi32::<4>(nib);
+                        match values {
+                            CellValues::Q5K => {
+                                let h =
+                                    _mm512_srl_epi32(high[i][0], _mm_cvtsi32_si128(2 * p as i32));
+                                let b = _mm512_slli_epi32::<4>(_mm512_and_si512(h, one));
+                                lo[i] = _mm512_or_si512(lo[i], b);
+                                let h = _mm512_srli_epi32::<1>(h);
+                                let b = _mm512_slli_epi32::<4>(_mm512_and_si512(h, one));
+                                hi[i] = _mm512_or_si512(hi[i], b);
+                            }
+                            CellValues::Q6K => {
+                                let shift = _mm_cvtsi32_si128(4 * (p % 2) as i32);
+                                let h = _mm512_srl_epi32(high[i][p / 2], shift);
+                                let b = _mm512_slli_epi32::<4>(_mm512_and_si512(h, two));
+                                lo[i] = _mm512_sub_epi32(_mm512_or_si512(lo[i], b), bias);
+                                let h = _mm512_srli_epi32::<2>(h);
+                                let b = _mm512_slli_epi32::<4>(_mm512_and_si512(h, two));
+                                hi[i] = _mm512_sub_epi32(_mm512_or_si512(hi[i], b), bias);
+                            }
+                            _ => {}
+                        }
+                    }
+                    let mut w = [_mm512_setzero_ps(); U];
+                    for i in 0..U {
+                        w[i] = _mm512_fmadd_ps(scale[i], _mm512_cvtepi32_ps(lo[i]), offset[i]);
+                    }
+                    row(r, &w);
+                    for i in 0..U {
+                        w[i] = _mm512_fmadd_ps(scale[i], _mm512_cvtepi32_ps(hi[i]), offset[i]);
+                    }
+                    row(r + 1, &w);
+                }
+            }
+        }
+    }
+}
