@@ -188,7 +188,7 @@ impl BlockTensor {
 #[derive(Clone)]
 pub struct PackedMatrix {
     values: CellValues,
-    /// Reduction rows per cell: 32, or 16.
+    /// Reduction rows per cell: 32, or 16; 256 for K-quant cells.
     cell_rows: usize,
     k: usize,
     n: usize,
@@ -491,7 +491,7 @@ impl PackedMatrix {
         self.values
     }
 
-    /// Reduction rows per cell (32, or 16).
+    /// Reduction rows per cell (32, or 16; 256 for K-quant cells).
     pub fn cell_rows(&self) -> usize {
         self.cell_rows
     }

@@ -225,4 +225,29 @@ mod tests {
             }
         }
     }
+
+    /// Every row count each kernel takes, for every K-quant cell type and widths of one group,
+    /// an odd number of groups and a padded last group: the kernels' register sets per row count
+    /// are separate code, which the proptest above reaches only by chance per type.
+    #[test]
+    fn every_row_count_over_k_quant_cells_gives_the_f32_bits() {
+        for format in [2, 5, 6] {
+            for n in [8, 24, 45] {
+                let (packed, k) = packed_matrix(format, 16, n, 3);
+                for m in 1..=16 {
+                    let x: Vec<f32> = (0..m * k).map(|i| spread(i, 5, 700.0)).collect();
+                    let want = super::super::few_rows::matmul(&x, &packed.to_dense(), m, k, n);
+                    for isa in kvb_gemm::Isa::supported() {
+                        if let Some(got) = matmul_with(isa, &x, m, &packed) {
+                            let same = got
+                                .iter()
+                                .zip(&want)
+                                .all(|(g, e)| g.to_bits() == e.to_bits());
+                            assert!(same, "{isa:?}, format {format}, [{m}, {n}]");
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
