@@ -115,8 +115,9 @@ pub struct KBlock {
 }
 
 impl KBlock {
-    /// Reads one block of `t` (Q4_K, Q5_K or Q6_K; `block` exactly one block long).
-    pub fn read(t: GgmlType, block: &[u8]) -> KBlock {
+    /// Reads one block of `t` (Q4_K, Q5_K or Q6_K). Crate-private: `block` must be exactly
+    /// one block long, which every caller has checked against the tensor's size.
+    pub(crate) fn read(t: GgmlType, block: &[u8]) -> KBlock {
         let mut k = KBlock {
             d: [0; 2],
             dmin: [0; 2],
