@@ -126,6 +126,37 @@ fn time_case<B: AttentionBackend>(s: &Shape, case: &Case, dev: &B::Device) -> [D
     })
 }
 
+/// burn's own attention op on the causal prefill (dense q/k/v, the kv heads repeated for every q
+/// head): on CubeCL backends CubeCL's flash attention on tensor cores or burn's fallback ops,
+/// whichever its autotune picks. A yardstick for the paged kernels, not a path kvb takes.
+fn time_burn_attention<B: AttentionBackend>(s: &Shape, dev: &B::Device) -> Duration {
+    use burn::tensor::module::attention;
+    use burn::tensor::ops::AttentionModuleOptions;
+    let (l, group) = (s.context, s.q_heads / s.kv_heads);
+    let q = Tensor::<B, 4>::random([1, s.q_heads, l, s.head_dim], Distribution::Default, dev);
+    let kv = |_| {
+        Tensor::<B, 4>::random([1, s.kv_heads, l, s.head_dim], Distribution::Default, dev)
+            .unsqueeze_dim::<5>(2)
+            .repeat_dim(2, group)
+            .reshape([1, s.q_heads, l, s.head_dim])
+    };
+    let (k, v) = (kv(0), kv(1));
+    let options = AttentionModuleOptions {
+        is_causal: true,
+        ..Default::default()
+    };
+    let run = || {
+        let t = Instant::now();
+        let out = attention(q.clone(), k.clone(), v.clone(), None, None, options);
+        B::sync(dev).expect("sync");
+        drop(out);
+        t.elapsed()
+    };
+    run();
+    run(); // autotune
+    median((0..s.reps).map(|_| run()).collect())
+}
+
 fn report<B: AttentionBackend>(backend: &str, s: &Shape, dev: &B::Device) -> String {
     let dtype = format!("{:?}", <B::FloatElem as burn::tensor::Element>::dtype()).to_lowercase();
     let mut out = format!(
@@ -150,6 +181,16 @@ fn report<B: AttentionBackend>(backend: &str, s: &Shape, dev: &B::Device) -> Str
         eprint!("{row}");
         out.push_str(&row);
     }
+    let prefill = &cases(s)[0];
+    let burn = time_burn_attention::<B>(s, dev);
+    let row = format!(
+        "\nburn's attention op on the same causal prefill (dense, kv heads repeated): {:.2} ms, \
+         {:.1} GFLOP/s\n",
+        burn.as_secs_f64() * 1e3,
+        prefill.flops / burn.as_secs_f64() / 1e9
+    );
+    eprint!("{row}");
+    out.push_str(&row);
     out
 }
 

@@ -35,6 +35,14 @@
 //!   inputs (`tests/cube_matches_naive.rs`, tolerances per dtype). [`float_on`] names a backend's
 //!   float type where kvb creates a tensor, which burn 0.21 would otherwise take from the device.
 //!
+//! - **Tensor cores (GPU).** In f16 and bf16 on a device with 16x16x16 cooperative matrices
+//!   (CUDA), a long prefill runs a kernel whose score and output products are tensor-core blocks
+//!   with f32 sums; the softmax weights are rounded once to the tensors' type for the second
+//!   product. `PagedKernelChoice` (feature `cube`) says which kernel a batch takes (decode and
+//!   short calls stay on the vector kernel); `KVB_ATTN=vector` keeps every call there and
+//!   `KVB_ATTN=reference` runs burn's ops. The same tests hold it to the per-element answer, and
+//!   long prefills that take it (`tests/cube_matches_naive.rs`; CUDA only, ignored without a GPU).
+//!
 //! - **Pool writes.** [`AttentionBackend::pool_scatter`] writes new K/V at a pool's slots; the
 //!   CubeCL backends do it in one launch per call (burn's ops need one per run of consecutive
 //!   slots), with the same values (`tests/cube_matches_naive.rs`).
@@ -69,6 +77,8 @@ pub mod paged;
 mod reference;
 
 pub use backend::AttentionBackend;
+#[cfg(feature = "cube")]
+pub use cube::{Kernel, PagedKernelChoice};
 pub use float_type::float_on;
 pub use mask::Visibility;
 pub use paged::{paged_attention, PagedBatch, PagedSeq};

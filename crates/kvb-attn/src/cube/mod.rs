@@ -9,10 +9,16 @@
 //! and the default model's greedy output on every backend. `KVB_ATTN=reference` in the
 //! environment (read once per process) runs burn's reference ops instead, to compare or to
 //! work around a driver that miscompiles the kernel.
+//!
+//! In f16 and bf16 on a device with cooperative matrices, long prefills take [`tensor_core`]'s
+//! kernel instead ([`plan::kernel_for`] decides; `KVB_ATTN=vector` opts out).
 mod kernel;
 mod memo;
 mod plan;
 mod pool_write;
+mod tensor_core;
+
+pub use plan::Kernel;
 
 use crate::paged::{check_paged, PagedBatch, PagedDims, PagedSeq};
 use crate::{reference, AttentionBackend, AttnError, Visibility};
@@ -33,10 +39,85 @@ const MAX_UNITS: usize = 256;
 /// K/V tile staged by three units would leave the loads serial.
 const MIN_UNITS: usize = 64;
 
-/// The kernel runs unless `KVB_ATTN=reference` asks for burn's reference ops.
+/// Planes (warps) per cube of the tensor-core kernel: 64 query rows share each K/V tile.
+const MMA_PLANES: usize = plan::WIDE_ROWS / tensor_core::PLANE_ROWS;
+
+/// What `KVB_ATTN` asks for, read once per process: `reference` runs burn's reference ops,
+/// `vector` keeps every call off tensor cores (to compare, or to work around a driver), anything
+/// else (or nothing) lets each call take the fastest kernel the device has.
+fn mode() -> plan::Mode {
+    static MODE: std::sync::OnceLock<plan::Mode> = std::sync::OnceLock::new();
+    *MODE.get_or_init(|| match std::env::var("KVB_ATTN").as_deref() {
+        Ok("reference") => plan::Mode::Reference,
+        Ok("vector") => plan::Mode::Vector,
+        _ => plan::Mode::Auto,
+    })
+}
+
 fn kernel_chosen() -> bool {
-    static CHOSEN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *CHOSEN.get_or_init(|| !std::env::var("KVB_ATTN").is_ok_and(|v| v == "reference"))
+    mode() != plan::Mode::Reference
+}
+
+/// Whether the device multiplies 16x16x16 blocks of `dtype` into f32 sums in planes of 32
+/// units, as [`tensor_core`] needs.
+fn has_tensor_cores<R: CubeRuntime>(client: &ComputeClient<R>, dtype: DType) -> bool {
+    if !matches!(dtype, DType::F16 | DType::BF16) {
+        return false;
+    }
+    let props = client.properties();
+    let half: cubecl::ir::StorageType = dtype.into();
+    let single: cubecl::ir::StorageType = DType::F32.into();
+    props.hardware.plane_size_min == 32
+        && props.hardware.plane_size_max == 32
+        && props
+            .features
+            .matmul
+            .cmma
+            .contains(&cubecl::features::MmaConfig {
+                a_type: half,
+                b_type: half,
+                cd_type: single,
+                m: 16,
+                n: 16,
+                k: 16,
+            })
+}
+
+/// Which kernel a paged call takes on a CubeCL backend: the choice made for every call, for
+/// tests and benchmarks to see (tensor cores on a device that has them, else the vector kernel).
+pub trait PagedKernelChoice: burn::tensor::backend::Backend {
+    /// The kernel for a batch of `q_heads` heads of `head_dim` whose sequences bring `seq_rows`
+    /// query rows each.
+    fn paged_kernel(
+        device: &Self::Device,
+        head_dim: usize,
+        q_heads: usize,
+        seq_rows: &[usize],
+    ) -> plan::Kernel;
+}
+
+impl<R, F, I, BT> PagedKernelChoice for CubeBackend<R, F, I, BT>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    fn paged_kernel(
+        device: &R::Device,
+        head_dim: usize,
+        q_heads: usize,
+        seq_rows: &[usize],
+    ) -> plan::Kernel {
+        let client = R::client(device);
+        plan::kernel_for(
+            mode(),
+            has_tensor_cores(&client, F::dtype()),
+            head_dim,
+            q_heads,
+            seq_rows.iter().copied(),
+        )
+    }
 }
 
 impl<R, F, I, BT> AttentionBackend for CubeBackend<R, F, I, BT>
@@ -120,6 +201,36 @@ where
             return Err(AttnError::Shape(format!(
                 "{group} query heads per kv head exceed the {max_units} units of one cube"
             )));
+        }
+        let kernel = plan::kernel_for(
+            mode(),
+            has_tensor_cores(&client, q.dtype()),
+            dims.head_dim,
+            dims.q_heads,
+            batch.seqs.iter().map(|s| s.rows.len()),
+        );
+        if kernel == plan::Kernel::TensorCore {
+            let planes = MMA_PLANES;
+            let work = plan::plan(batch, planes * tensor_core::PLANE_ROWS);
+            let n_items = work.len();
+            let index = memo::int_tensors::<R, F, I, BT, 3>(
+                &memo::ATTENTION,
+                &device,
+                [work.tables, work.last_slot, work.items],
+            );
+            let out = launch_mma::<R>(
+                q.into_primitive().tensor(),
+                k_pool.clone().into_primitive().tensor(),
+                v_pool.clone().into_primitive().tensor(),
+                index,
+                &dims,
+                n_items,
+                planes,
+                group,
+                batch.block_size,
+                scale,
+            );
+            return Ok(Tensor::from_primitive(TensorPrimitive::Float(out)));
         }
         let rows_per_item = plan::rows_per_item(batch, group, max_units);
         let work = plan::plan(batch, rows_per_item);
@@ -235,5 +346,50 @@ fn launch<R: CubeRuntime>(
             [float.into(), accumulate.into()],
         );
     }
+    out
+}
+
+/// Allocates the output `[rows, q_heads * head_dim]` and runs the tensor-core kernel into it.
+#[allow(clippy::too_many_arguments)]
+fn launch_mma<R: CubeRuntime>(
+    q: CubeTensor<R>,
+    k_pool: CubeTensor<R>,
+    v_pool: CubeTensor<R>,
+    [tables, last_slot, items]: [CubeTensor<R>; 3],
+    dims: &PagedDims,
+    n_items: usize,
+    planes: usize,
+    group: usize,
+    block_size: usize,
+    scale: f32,
+) -> CubeTensor<R> {
+    let client = q.client.clone();
+    let float = q.dtype;
+    let accumulate = DType::F32;
+    let int = tables.dtype;
+    let out = empty_device_contiguous_dtype::<R>(
+        client.clone(),
+        q.device.clone(),
+        vec![dims.rows, dims.q_heads * dims.head_dim].into(),
+        float,
+    );
+    tensor_core::paged_attention_mma_kernel::launch::<R>(
+        &client,
+        CubeCount::Static(n_items as u32, dims.q_heads as u32, 1),
+        CubeDim::new_2d(32, planes as u32),
+        q.into_tensor_arg(),
+        k_pool.into_tensor_arg(),
+        v_pool.into_tensor_arg(),
+        tables.into_tensor_arg(),
+        last_slot.into_tensor_arg(),
+        items.into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        InputScalar::new(scale, accumulate),
+        group as u32,
+        block_size as u32,
+        dims.head_dim,
+        planes,
+        [float.into(), int.into(), accumulate.into()],
+    );
     out
 }

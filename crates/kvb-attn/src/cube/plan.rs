@@ -68,6 +68,63 @@ pub(crate) fn plan(batch: &PagedBatch, rows_per_item: usize) -> WorkPlan {
     plan
 }
 
+/// What the process asked for (`KVB_ATTN`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// The fastest kernel the device and the batch allow.
+    Auto,
+    /// Never tensor cores.
+    Vector,
+    /// burn's reference ops, no kernel.
+    Reference,
+}
+
+/// Which kernel a paged call runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    /// Products on tensor cores, 16 rows a plane (`tensor_core`).
+    TensorCore,
+    /// One unit per (head, row) in f32 (`kernel`): every device, every dtype, decode steps.
+    Vector,
+    /// burn's reference ops.
+    Reference,
+}
+
+/// Rows a cube of the tensor-core kernel takes (four planes of 16).
+pub(crate) const WIDE_ROWS: usize = 64;
+
+/// Cubes of [`WIDE_ROWS`] rows a call must fill before tensor cores take it: fewer leave the GPU
+/// idle (an H100 or H200 has 132 multiprocessors) where the vector kernel splits the keys.
+pub(crate) const WIDE_CUBES: usize = 512;
+
+/// Tensor cores take a call when the device has them for its dtype, the head dim is a whole
+/// number of 16-wide blocks that fits the kernel's shared memory, and the call's rows fill at
+/// least [`WIDE_CUBES`] cubes of 64 rows a (sequence, q head), counting sequences of a plane's
+/// 16 rows or more: a long prefill, not a decode batch, a short suffix or CacheBlend's few rows.
+pub(crate) fn kernel_for(
+    mode: Mode,
+    tensor_cores: bool,
+    head_dim: usize,
+    q_heads: usize,
+    seq_rows: impl IntoIterator<Item = usize>,
+) -> Kernel {
+    let cubes = || -> usize {
+        let long = seq_rows
+            .into_iter()
+            .filter(|&r| r >= super::tensor_core::PLANE_ROWS);
+        q_heads * long.map(|r| r.div_ceil(WIDE_ROWS)).sum::<usize>()
+    };
+    match mode {
+        Mode::Reference => Kernel::Reference,
+        Mode::Auto
+            if tensor_cores && head_dim % 16 == 0 && head_dim <= 128 && cubes() >= WIDE_CUBES =>
+        {
+            Kernel::TensorCore
+        }
+        _ => Kernel::Vector,
+    }
+}
+
 /// Cubes a launch aims for at least: enough to keep a large GPU busy (an H100 has 132
 /// multiprocessors, each running several cubes at once).
 const TARGET_CUBES: usize = 1024;
@@ -186,6 +243,43 @@ mod tests {
                 prop_assert!(split_len >= MIN_SPLIT_KEYS.min(max_keys));
             }
         }
+    }
+
+    #[test]
+    fn tensor_cores_take_long_prefills_only() {
+        use Kernel::*;
+        let auto = |tc, d, heads, rows: &[usize]| {
+            kernel_for(Mode::Auto, tc, d, heads, rows.iter().copied())
+        };
+        assert_eq!(auto(true, 128, 32, &[4096]), TensorCore);
+        assert_eq!(auto(true, 64, 32, &[1024]), TensorCore, "exactly 512 cubes");
+        assert_eq!(
+            auto(true, 64, 32, &[1000]),
+            TensorCore,
+            "16 items of up to 64 rows"
+        );
+        assert_eq!(auto(true, 64, 32, &[960]), Vector, "480 cubes");
+        assert_eq!(auto(true, 128, 32, &[128]), Vector, "a short suffix");
+        assert_eq!(auto(true, 128, 32, &[1; 600]), Vector, "decode rows");
+        assert_eq!(
+            auto(true, 128, 32, &[15; 600]),
+            Vector,
+            "under a plane each"
+        );
+        let mixed: Vec<usize> = std::iter::once(4096).chain([1; 100]).collect();
+        assert_eq!(
+            auto(true, 128, 32, &mixed),
+            TensorCore,
+            "decode rows ride along"
+        );
+        assert_eq!(auto(true, 96, 32, &[4096]), TensorCore);
+        assert_eq!(auto(true, 8, 32, &[4096]), Vector, "head dim under 16");
+        assert_eq!(auto(true, 72, 32, &[4096]), Vector, "not whole blocks");
+        assert_eq!(auto(true, 256, 32, &[4096]), Vector, "shared memory");
+        assert_eq!(auto(false, 128, 32, &[4096]), Vector, "no tensor cores");
+        let forced = |mode| kernel_for(mode, true, 128, 32, [4096]);
+        assert_eq!(forced(Mode::Vector), Vector);
+        assert_eq!(forced(Mode::Reference), Reference);
     }
 
     #[test]
