@@ -6,11 +6,14 @@
    name, so files are reproducible), norms of ones and biases in F32, the tokenizer copied from
    another GGUF (padded with made-up tokens up to the shape's vocabulary size).
 2. Quantized by llama.cpp's own quantizer (`llama_model_quantize`, what `llama-quantize` runs)
-   through llama-cpp-python.
+   through llama-cpp-python, or by a `llama-quantize` binary given with --quantizer.
 
     pip install gguf==0.19.0 numpy llama-cpp-python==0.3.36
     python3 make_shape.py --shape smollm2-1.7b --quant Q4_K_M,Q8_0 \\
         --tokenizer-from PATH/TO/ANY.gguf --out DIR [--layers N] [--seed S] [--threads T]
+
+`--save-tokenizer FILE` writes only the tokenizer fields of --tokenizer-from to a GGUF of no
+tensors (a few MB to carry where the model file cannot go) and stops.
 
 Writes DIR/<shape>.f16.gguf (kept: later quantizations reuse it) and DIR/<shape>.<quant>.gguf
 (quant in lower case); with --layers N other than the shape's own count, <shape> becomes
@@ -30,6 +33,11 @@ import gguf
 
 # Architecture shapes. vocab None: the tokenizer GGUF's own size.
 SHAPES = {
+    # The default model's own shape (SmolLM2-135M-Instruct), where its file cannot travel.
+    "smollm2-135m": dict(
+        arch="llama", layers=30, hidden=576, ffn=1536, heads=9, kv_heads=3, head_dim=64,
+        vocab=None, theta=100000.0, eps=1e-5, qkv_bias=False,
+    ),
     "smollm2-1.7b": dict(
         arch="llama", layers=24, hidden=2048, ffn=8192, heads=32, kv_heads=32, head_dim=64,
         vocab=None, theta=130000.0, eps=1e-5, qkv_bias=False,
@@ -227,6 +235,37 @@ def write_f16(path, shape_name, s, tok_fields, vocab, seed):
 # ---------------------------------------------------------------- quantization
 
 
+def quantize_with(binary, src, dst, quant, threads):
+    """llama.cpp's `llama-quantize SRC DST TYPE [THREADS]`."""
+    import subprocess
+    tmp = dst + ".tmp"
+    cmd = [binary, src, tmp, quant] + ([str(threads)] if threads > 0 else [])
+    done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        tail = done.stderr.strip().splitlines()[-5:]
+        raise SystemExit(f"{binary} to {quant} failed ({done.returncode}): " + " | ".join(tail))
+    os.replace(tmp, dst)
+
+
+def save_tokenizer(src, dst):
+    """The `tokenizer.*` fields of `src` alone, in a GGUF with no tensors."""
+    tok, vocab = tokenizer_fields(src, None)
+    arch = str(read_field(gguf.GGUFReader(src).fields["general.architecture"])[0], "utf-8")
+    w = gguf.GGUFWriter(dst + ".tmp", arch)
+    for key, (value, vtype, sub) in tok.items():
+        if vtype == gguf.GGUFValueType.ARRAY and len(value) == 0:
+            continue
+        w.add_key_value(key, value, vtype, sub_type=sub)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    os.replace(dst + ".tmp", dst)
+    log(f"wrote {dst}: the {vocab}-token tokenizer of {src} ({mb(dst)})")
+
+
 def quantize(src, dst, quant, threads):
     try:
         import llama_cpp
@@ -256,15 +295,23 @@ def quantize(src, dst, quant, threads):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shape", required=True, choices=sorted(SHAPES))
+    ap.add_argument("--shape", choices=sorted(SHAPES))
     ap.add_argument("--quant", default="",
                     help="comma-separated: " + ",".join(FTYPES) + " (none: only the F16 file)")
     ap.add_argument("--tokenizer-from", required=True, help="a GGUF whose tokenizer.* fields to copy")
-    ap.add_argument("--out", required=True, help="output folder")
+    ap.add_argument("--out", help="output folder")
+    ap.add_argument("--quantizer", help="a llama-quantize binary (default: llama-cpp-python)")
+    ap.add_argument("--save-tokenizer", metavar="FILE",
+                    help="write the tokenizer of --tokenizer-from alone to FILE and stop")
     ap.add_argument("--layers", type=int, help="override the layer count (quick small versions)")
     ap.add_argument("--seed", type=int, default=20261125)
     ap.add_argument("--threads", type=int, default=0, help="quantizer threads (0: llama.cpp's default)")
     args = ap.parse_args(argv)
+    if args.save_tokenizer:
+        save_tokenizer(args.tokenizer_from, args.save_tokenizer)
+        return
+    if not args.shape or not args.out:
+        ap.error("--shape and --out are needed (or --save-tokenizer)")
 
     quants = [q.strip().upper() for q in args.quant.split(",") if q.strip()]
     for q in quants:
@@ -296,7 +343,10 @@ def main(argv=None):
             continue
         t0 = time.time()
         log(f"quantizing {f16} to {q}")
-        quantize(f16, dst, q, args.threads)
+        if args.quantizer:
+            quantize_with(args.quantizer, f16, dst, q, args.threads)
+        else:
+            quantize(f16, dst, q, args.threads)
         log(f"wrote {dst}: {mb(dst)} in {time.time() - t0:.1f} s")
 
 

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Gathers what bench/gpu/device_run.sh needs into .device/ (ignored by git; the device tool
+# carries it): kvb, the CUDA attention suite and benchmark, llama.cpp's CUDA tools, the gguf
+# wheel and the default model's tokenizer. Build first, with the CI features:
+#
+#   cargo test --release --workspace --features "$FEATURES" --no-run
+#   cargo build --release --workspace --features "$FEATURES" --bin kvb
+#   cargo bench -p kvb-attn --features cuda --bench gpu_attention --no-run
+#
+# LLAMA_BUILD is a llama.cpp CMake build with -DGGML_CUDA=ON -DBUILD_SHARED_LIBS=ON and the
+# targets llama-bench, llama-batched-bench and llama-quantize (nvcc from the nvidia-cuda-nvcc
+# wheel works where no CUDA toolkit is installed; see bench/results/2026-11-26-gpu/README.md).
+set -euo pipefail
+T=${CARGO_TARGET_DIR:-target}/release
+LLAMA_BUILD=${LLAMA_BUILD:-}  # unset: no llama.cpp (device_run.sh then skips it)
+D=.device
+mkdir -p $D/stage/llama/bin $D/stage/llama/lib
+newest() { ls -t $T/deps/$1-* | grep -v '\.d$' | head -1; }
+cp $T/kvb $D/stage/kvb
+cp "$(newest cube_matches_naive)" $D/stage/cube_matches_naive
+cp "$(newest gpu_attention)" $D/stage/gpu_attention
+if [ -n "$LLAMA_BUILD" ]; then
+  for b in llama-bench llama-batched-bench llama-quantize; do cp $LLAMA_BUILD/bin/$b $D/stage/llama/bin/; done
+  cp -P $LLAMA_BUILD/bin/*.so* $D/stage/llama/lib/
+fi
+strip $D/stage/kvb $D/stage/cube_matches_naive $D/stage/gpu_attention $D/stage/llama/bin/* $D/stage/llama/lib/*.so* 2>/dev/null || true
+XZ_OPT=-T2 tar cJf $D/bundle.tar.xz -C $D/stage .
+rm -rf $D/stage
+ls -la $D
+du -sh $D

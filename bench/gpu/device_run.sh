@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# The GPU measurements of issue 44 in one pass, on a lent NVIDIA machine (no network there).
+#
+# Run from the repository root with the bundle that bench/gpu/bundle.sh made in .device/:
+# kvb and two test/bench binaries built with --features cuda, llama.cpp's CUDA tools, the gguf
+# wheel and the default model's tokenizer. Models are made there (random weights, real shapes:
+# xtask/shapes/make_shape.py, quantized by llama.cpp's llama-quantize). Every step has its own
+# time limit, so a failing step costs its limit and the rest still run; logs and JSON results
+# go to $OUT (the device tool brings them back).
+set -u
+OUT=${OUT:-/tmp/kvb-gpu-out}
+R=$OUT/results
+mkdir -p "$R"
+exec > >(tee "$OUT/run.log") 2>&1
+# STEPS picks the steps (default: all): tests attn models llama kvb diag launches. ATTN_RUNS
+# (default "f16:auto f16:vector bf16:auto") the attention benchmarks, SKIP_SDPA=1 skips
+# PyTorch's; BUDGET (seconds, default 540) stops starting kvb runs near the end.
+STEPS=" ${STEPS:-tests attn models llama kvb launches} "
+want() { [[ $STEPS == *" $1 "* ]]; }
+trap 'tar czf "$OUT/results.tar.gz" -C "$OUT" results && rm -rf "$R"' EXIT
+B=$PWD/.device
+step() { echo; echo "=== $(date +%T) $*"; }
+t0=$(date +%s)
+left() { echo $((${BUDGET:-540} - ($(date +%s) - t0))); }
+
+step bundle
+(cd "$B" && tar xJf bundle.tar.xz) || exit 1
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+lscpu | grep -E '^Model name|^CPU\(s\)'
+CUBLAS=$(dirname "$(find / -xdev -name 'libcublas.so.13' 2>/dev/null | head -1)")
+export LD_LIBRARY_PATH=$B/llama/lib:$CUBLAS:${LD_LIBRARY_PATH:-}
+export CUDA_PATH=${CUDA_PATH:-/usr/local/cuda} CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+python3 -m pip install -q --no-index --no-deps --target /tmp/site "$B"/gguf-*.whl
+export PYTHONPATH=/tmp/site
+
+if want tests; then
+step "attention kernels vs the per-element answer (CUDA f32, f16, bf16)"
+timeout 180 "$B/cube_matches_naive" --ignored cuda 2>&1 | grep -v '^$' | tail -40
+fi
+
+if want attn; then
+step "attention kernel benchmark: f16 with tensor cores, f16 without, bf16"
+for run in ${ATTN_RUNS:-f16:auto f16:vector bf16:auto}; do
+  set -- ${run/:/ }
+  KVB_ATTN=$2 KVB_ATTN_BACKEND=cuda KVB_ATTN_DTYPE=$1 KVB_BENCH_OUT=$R/attn-$1-$2 \
+    timeout 90 "$B/gpu_attention" --bench 2>&1 | grep -E '^\||burn|wrote|error|panic'
+done
+[ -n "${SKIP_SDPA:-}" ] || timeout 60 python3 crates/kvb-attn/benches/sdpa_reference.py 2>&1 | tail -12
+fi
+
+want models || want kvb || want llama || want diag || want launches || { step done; exit 0; }
+step "models (random weights, real shapes)"
+M=/tmp/shapes
+mkdir -p $M
+# Without llama.cpp's quantizer the F16 files serve kvb alone: on a GPU kvb holds the weights
+# in --dtype whatever the file stores, so its speed is the same.
+LLAMA=$B/llama/bin
+if [ -x $LLAMA/llama-quantize ]; then
+  QUANT=(--quantizer $LLAMA/llama-quantize --threads 16) Q1=Q4_1 Q2=Q4_K_M
+  MODELS="smollm2-135m.q4_1 llama3.2-1b.q4_k_m"
+else
+  QUANT=() Q1= Q2= MODELS="smollm2-135m.f16 llama3.2-1b.f16"
+fi
+timeout 60 python3 xtask/shapes/make_shape.py --shape smollm2-135m --quant "$Q1" \
+  --tokenizer-from "$B/smollm2-tokenizer.gguf" --out $M "${QUANT[@]}" 2>&1 | tail -2
+want llama || want kvb && timeout 150 python3 xtask/shapes/make_shape.py --shape llama3.2-1b --quant "$Q2" \
+  --tokenizer-from "$B/smollm2-tokenizer.gguf" --out $M "${QUANT[@]}" 2>&1 | tail -2
+ls -la $M
+
+step "llama.cpp CUDA: prefill 4,096, decode after 4,096, 1 and 16 sequences"
+[ -x $LLAMA/llama-bench ] && want llama || { echo "skipped (no llama.cpp in the bundle, or not asked)"; MODELS_LLAMA=; }
+for m in ${MODELS_LLAMA-$MODELS}; do
+  timeout 60 "$B/llama/bin/llama-bench" -m $M/$m.gguf -ngl 99 -fa 1 -p 4096 -n 128 -r 3 -o md 2>&1 | grep -E '^\|'
+  timeout 60 "$B/llama/bin/llama-bench" -m $M/$m.gguf -ngl 99 -fa 1 -p 0 -n 64 -d 4096 -r 2 -o md 2>&1 | grep -E '^\|'
+  timeout 90 "$B/llama/bin/llama-batched-bench" -m $M/$m.gguf -ngl 99 -fa 1 -c 20000 -npp 512 -ntg 128 \
+    -npl 1,16 2>&1 | grep -E '^\|'
+done
+
+Q=bench/results/2026-11-26-gpu
+replay() { # model tag dtype requests [extra args]
+  local m=$1 tag=$2 dtype=$3 req=$4; shift 4
+  [ "$(left)" -gt 40 ] || { echo "skipped $tag: out of time"; return; }
+  RUST_BACKTRACE=1 timeout $(($(left) - 20)) "$B/kvb" replay --model $M/$m.gguf --backend cuda \
+    --dtype $dtype --requests $Q/$req --out $R/$m-$tag.jsonl --summary $R/$m-$tag.summary.json \
+    "$@" 2> $R/$m-$tag.stderr
+  grep -v '^\s*$' $R/$m-$tag.stderr | tail -3
+  python3 - "$R/$m-$tag.jsonl" <<'EOF'
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    print(f"  {r['id']:>8} prompt {r['prompt_tokens']:>5} cached {r['cached_tokens']:>5} "
+          f"ttft {r['ttft_ms']:9.1f} ms  decode {r['tokens_per_sec']:7.1f} tok/s")
+EOF
+}
+
+SMALL=${MODELS%% *}
+if want diag; then
+step "diagnosis: the compile request (653 tokens) in f16, bf16, f16 on the reference ops"
+head -1 $Q/requests-4096.jsonl > /tmp/compile.jsonl
+cp /tmp/compile.jsonl $Q/diag-compile.jsonl
+replay $SMALL diag-f16 f16 diag-compile.jsonl --mode baseline
+replay $SMALL diag-bf16 bf16 diag-compile.jsonl --mode baseline
+KVB_ATTN=reference replay $SMALL diag-f16-reference f16 diag-compile.jsonl --mode baseline
+replay $SMALL diag-f16-slices256 f16 diag-compile.jsonl --mode baseline --max-batch-tokens 256
+grep -h -B2 -A12 'panicked\|Error\|error' $R/*diag*.stderr | head -60
+fi
+if want kvb; then
+step "kvb CUDA: cold prefill of 4,085 tokens and decode after it (baseline mode)"
+for m in $MODELS; do replay $m f16-4096 f16 requests-4096.jsonl --mode baseline; done
+step "kvb CUDA: warm TTFT (the same document, new questions)"
+for m in $MODELS; do replay $m f16-warm f16 requests-warm.jsonl; done
+step "kvb CUDA: 1 and 16 clients"
+for m in $MODELS; do
+  for c in 1 16; do replay $m f16-clients$c f16 requests-concurrency-$c.jsonl --max-new-tokens 48; done
+  grep -h aggregate_decode $R/$m-f16-clients*.summary.json
+done
+step "kvb CUDA, the default shape: without tensor cores, and f32"
+KVB_ATTN=vector replay $SMALL f16-vector-4096 f16 requests-4096.jsonl --mode baseline
+replay $SMALL f32-4096 f32 requests-4096.jsonl --mode baseline
+fi
+
+if want launches; then
+step "kernel launches per decode step (CubeCL's execution log)"
+mkdir -p /tmp/launches && cd /tmp/launches && printf '[profiling.logger]\nlevel = "minimal"\nfile = "/tmp/launches/log"\n' > cubecl.toml
+for n in 2 10; do
+  : > log
+  timeout 60 "$B/kvb" generate --model $M/$SMALL.gguf --backend cuda --dtype f16 \
+    --prompt "The history of the city" --max-new-tokens $n > /dev/null 2>&1
+  echo "max-new-tokens $n: $(wc -l < log) log lines"
+done
+head -40 log > $R/launch-log-head.txt
+cd - > /dev/null
+fi
+
+step done
