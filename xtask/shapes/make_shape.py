@@ -252,7 +252,10 @@ def quantize_with(binary, src, dst, quant, threads):
 def save_tokenizer(src, dst):
     """The `tokenizer.*` fields of `src` alone, in a GGUF with no tensors."""
     tok, vocab = tokenizer_fields(src, None)
-    arch = str(read_field(gguf.GGUFReader(src).fields["general.architecture"])[0], "utf-8")
+    field = gguf.GGUFReader(src).fields.get("general.architecture")
+    if field is None:
+        raise SystemExit(f"{src} has no general.architecture: not a model GGUF")
+    arch = str(read_field(field)[0], "utf-8")
     w = gguf.GGUFWriter(dst + ".tmp", arch)
     for key, (value, vtype, sub) in tok.items():
         if vtype == gguf.GGUFValueType.ARRAY and len(value) == 0:

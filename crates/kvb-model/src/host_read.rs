@@ -14,13 +14,13 @@ pub fn to_host_f32<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
     match data.dtype {
         DType::F16 => decode_half(data.as_bytes(), |b| half::f16::from_ne_bytes(b).to_f32()),
         DType::BF16 => decode_half(data.as_bytes(), |b| half::bf16::from_ne_bytes(b).to_f32()),
-        DType::F32 => match data.as_slice::<f32>() {
-            Ok(values) => values.to_vec(),
-            Err(_) => decode_f32(data.as_bytes()),
-        },
-        _ => data.convert::<f32>().to_vec::<f32>().unwrap_or_else(|_| {
-            unreachable!("a converted tensor holds f32 in a buffer of its own")
-        }),
+        _ => {
+            let data = data.convert::<f32>();
+            match data.as_slice::<f32>() {
+                Ok(values) => values.to_vec(),
+                Err(_) => decode_f32(data.as_bytes()),
+            }
+        }
     }
 }
 

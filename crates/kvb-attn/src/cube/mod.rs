@@ -109,15 +109,31 @@ where
         q_heads: usize,
         seq_rows: &[usize],
     ) -> plan::Kernel {
-        let client = R::client(device);
-        plan::kernel_for(
-            mode(),
-            has_tensor_cores(&client, F::dtype()),
+        kernel_of(
+            &R::client(device),
+            F::dtype(),
             head_dim,
             q_heads,
             seq_rows.iter().copied(),
         )
     }
+}
+
+/// The kernel for a call of `q_heads` heads of `head_dim` in `dtype` on `client`'s device.
+fn kernel_of<R: CubeRuntime>(
+    client: &ComputeClient<R>,
+    dtype: DType,
+    head_dim: usize,
+    q_heads: usize,
+    seq_rows: impl IntoIterator<Item = usize>,
+) -> plan::Kernel {
+    plan::kernel_for(
+        mode(),
+        has_tensor_cores(client, dtype),
+        head_dim,
+        q_heads,
+        seq_rows,
+    )
 }
 
 impl<R, F, I, BT> AttentionBackend for CubeBackend<R, F, I, BT>
@@ -202,16 +218,15 @@ where
                 "{group} query heads per kv head exceed the {max_units} units of one cube"
             )));
         }
-        let kernel = plan::kernel_for(
-            mode(),
-            has_tensor_cores(&client, q.dtype()),
+        let kernel = kernel_of(
+            &client,
+            q.dtype(),
             dims.head_dim,
             dims.q_heads,
             batch.seqs.iter().map(|s| s.rows.len()),
         );
         if kernel == plan::Kernel::TensorCore {
-            let planes = MMA_PLANES;
-            let work = plan::plan(batch, planes * tensor_core::PLANE_ROWS);
+            let work = plan::plan(batch, plan::WIDE_ROWS);
             let n_items = work.len();
             let index = memo::int_tensors::<R, F, I, BT, 3>(
                 &memo::ATTENTION,
@@ -225,7 +240,6 @@ where
                 index,
                 &dims,
                 n_items,
-                planes,
                 group,
                 batch.block_size,
                 scale,
@@ -358,7 +372,6 @@ fn launch_mma<R: CubeRuntime>(
     [tables, last_slot, items]: [CubeTensor<R>; 3],
     dims: &PagedDims,
     n_items: usize,
-    planes: usize,
     group: usize,
     block_size: usize,
     scale: f32,
@@ -376,7 +389,7 @@ fn launch_mma<R: CubeRuntime>(
     tensor_core::paged_attention_mma_kernel::launch::<R>(
         &client,
         CubeCount::Static(n_items as u32, dims.q_heads as u32, 1),
-        CubeDim::new_2d(32, planes as u32),
+        CubeDim::new_2d(32, MMA_PLANES as u32),
         q.into_tensor_arg(),
         k_pool.into_tensor_arg(),
         v_pool.into_tensor_arg(),
@@ -388,7 +401,7 @@ fn launch_mma<R: CubeRuntime>(
         group as u32,
         block_size as u32,
         dims.head_dim,
-        planes,
+        MMA_PLANES,
         [float.into(), int.into(), accumulate.into()],
     );
     out
