@@ -42,6 +42,19 @@ pub trait AttentionBackend: Backend {
     ) -> Tensor<Self, 3> {
         paged::pool_write_runs(pool, slots, values)
     }
+
+    /// A layer's K and V written at the same slots: [`AttentionBackend::pool_scatter`] of each,
+    /// which a backend may do in one launch.
+    fn pool_scatter_pair(
+        [k_pool, v_pool]: [Tensor<Self, 3>; 2],
+        slots: &[usize],
+        [k, v]: [Tensor<Self, 3>; 2],
+    ) -> [Tensor<Self, 3>; 2] {
+        [
+            Self::pool_scatter(k_pool, slots, k),
+            Self::pool_scatter(v_pool, slots, v),
+        ]
+    }
 }
 
 // burn-ndarray's kernels are in `cpu`, every CubeCL backend's (wgpu, CUDA) in `cube`.

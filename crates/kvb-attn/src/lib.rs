@@ -47,6 +47,11 @@
 //!   CubeCL backends do it in one launch per call (burn's ops need one per run of consecutive
 //!   slots), with the same values (`tests/cube_matches_naive.rs`).
 //!
+//! - **Host work, counted.** [`host_work`] counts, per thread, the kernel launches, uploads and
+//!   reads that kvb's own code issues (its kernels here, the model's ops in kvb-model), so that a
+//!   caller can report them per forward pass; kvb-server's `tests/launch_counts.rs` holds the
+//!   count to CubeCL's own execution log on lavapipe (unit test: `host_work::tests`).
+//!
 //! Speed: `cargo bench -p kvb-attn --bench decode_attention` times a decode step over a long
 //! paged cache, f32 and f16, against the machine's streaming read rate, measured in the same run.
 //!
@@ -72,6 +77,7 @@ mod cpu;
 mod cube;
 pub mod fastmath;
 mod float_type;
+pub mod host_work;
 mod mask;
 pub mod paged;
 mod reference;
@@ -80,6 +86,7 @@ pub use backend::AttentionBackend;
 #[cfg(feature = "cube")]
 pub use cube::{Kernel, PagedKernelChoice};
 pub use float_type::float_on;
+pub use host_work::HostWork;
 pub use mask::Visibility;
 pub use paged::{paged_attention, PagedBatch, PagedSeq};
 pub use reference::attention;

@@ -121,7 +121,7 @@ fn empty_and_bad_batches<B: AttentionBackend>() {
 
 /// `pool_scatter` writes every value at its slot and nothing else, from values in any layout (here
 /// transposed, as attention hands them over); a pool another tensor still reads is left as it was
-/// (the write goes to a copy).
+/// (the write goes to a copy). `pool_scatter_pair` does the same for K and V at once.
 fn pool_scatter_writes_the_slots<B: AttentionBackend>(
     (heads, slots, d): (usize, usize, usize),
     picks: &[usize],
@@ -152,9 +152,14 @@ fn pool_scatter_writes_the_slots<B: AttentionBackend>(
             }
         }
     }
-    let values =
+    // V's values are K's negated, made on the host: burn's own ops launch kernels of zero
+    // cubes on empty tensors, which CUDA rejects.
+    let negated: Vec<f32> = raw.iter().map(|x| -x).collect();
+    let as_values = |raw: Vec<f32>| {
         Tensor::<B, 3>::from_data(TensorData::new(raw, [n, heads, d]), float_on::<B>(&dev))
-            .swap_dims(0, 1);
+            .swap_dims(0, 1)
+    };
+    let (values, negated) = (as_values(raw), as_values(negated));
     // What the pool and the values hold in `B`'s float type (f16 rounds the larger ones).
     let before = as_stored::<B>(&before, &dev);
     let value = |h: usize, i: usize, e: usize| as_stored::<B>(&[value(h, i, e)], &dev)[0];
@@ -172,11 +177,37 @@ fn pool_scatter_writes_the_slots<B: AttentionBackend>(
     prop_assert_eq!(read(written), want.clone(), "a shared pool's copy");
     prop_assert_eq!(read(shared), before.clone(), "the shared pool itself");
     let alone = Tensor::<B, 3>::from_data(
-        TensorData::new(before, [heads, slots, d]),
+        TensorData::new(before.clone(), [heads, slots, d]),
         float_on::<B>(&dev),
     );
-    let written = <B as AttentionBackend>::pool_scatter(alone, &chosen, values);
-    prop_assert_eq!(read(written), want, "in place");
+    let written = <B as AttentionBackend>::pool_scatter(alone, &chosen, values.clone());
+    prop_assert_eq!(read(written), want.clone(), "in place");
+    // K and V together (one launch where both pools are unshared): V gets the values negated.
+    let fresh = || {
+        Tensor::<B, 3>::from_data(
+            TensorData::new(before.clone(), [heads, slots, d]),
+            float_on::<B>(&dev),
+        )
+    };
+    let mut want_v = before.clone();
+    for (i, &s) in chosen.iter().enumerate() {
+        for h in 0..heads {
+            for e in 0..d {
+                want_v[(h * slots + s) * d + e] = -value(h, i, e);
+            }
+        }
+    }
+    let shared_v = fresh();
+    for v_pool in [fresh(), shared_v.clone()] {
+        let [k, v] = <B as AttentionBackend>::pool_scatter_pair(
+            [fresh(), v_pool],
+            &chosen,
+            [values.clone(), negated.clone()],
+        );
+        prop_assert_eq!(read(k), want.clone(), "K of a pair");
+        prop_assert_eq!(read(v), want_v.clone(), "V of a pair");
+    }
+    prop_assert_eq!(read(shared_v), before, "a shared V pool itself");
     Ok(())
 }
 

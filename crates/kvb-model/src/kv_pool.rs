@@ -223,7 +223,8 @@ impl<B: ModelBackend> KvPool<B> {
         self.check_slots(layer, slots, Some(k.dims()))?;
         self.check_slots(layer, slots, Some(v.dims()))?;
         let (pk, pv) = self.layers[layer].take().expect("layer present");
-        self.layers[layer] = Some((B::pool_write(pk, slots, k), B::pool_write(pv, slots, v)));
+        let [pk, pv] = B::pool_write_pair([pk, pv], slots, [k, v]);
+        self.layers[layer] = Some((pk, pv));
         Ok(())
     }
 

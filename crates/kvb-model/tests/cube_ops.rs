@@ -1,8 +1,9 @@
-//! The CubeCL backends' fused row kernels (RMSNorm, the head split with RoPE, the gated
-//! activation) give the reference tensor ops' values on random shapes: rows that are no multiple
-//! of a cube's units, strided inputs, any positions, every head layout. One body per promise, run
-//! on every CubeCL backend compiled in: wgpu (CI runs it on Mesa's lavapipe) and CUDA (ignored
-//! tests, run with `-- --ignored` where an NVIDIA GPU is), each in f32 and in half precision.
+//! The CubeCL backends' fused row kernels (RMSNorm, with and without the residual add before it,
+//! the head split with RoPE, the gated activation) give the reference tensor ops' values on
+//! random shapes: rows that are no multiple of a cube's units, strided inputs, any positions,
+//! every head layout. One body per promise, run on every CubeCL backend compiled in: wgpu (CI
+//! runs it on Mesa's lavapipe) and CUDA (ignored tests, run with `-- --ignored` where an NVIDIA
+//! GPU is), each in f32 and in half precision.
 //!
 //! The reference runs on the CPU in f32 from the inputs as the backend holds them: for f16 and
 //! bf16 that is the answer of a kernel that rounds only when it reads and writes, and a kernel
@@ -83,6 +84,23 @@ fn rms_norm_matches<B: ModelBackend>(
     let got = values(B::rms_norm(x.clone(), w.clone(), 1e-5));
     let want = values(rms_norm_reference(on_cpu(&x), on_cpu(&w), 1e-5));
     close::<B>(&got, &want, "rms_norm")
+}
+
+/// The residual add fused into the norm: the sum, and the norm of the sum.
+fn add_rms_norm_matches<B: ModelBackend>(
+    n: usize,
+    h: usize,
+    strided: bool,
+    seed: u64,
+) -> Result<(), TestCaseError> {
+    let x = input::<B>(n, h, 20.0, strided, seed);
+    let delta = input::<B>(n, h, 5.0, !strided, seed + 1);
+    let w = input::<B>(1, h, 1.0, false, seed + 2);
+    let [sum, normed] = B::add_rms_norm(x.clone(), delta.clone(), w.clone(), 1e-5);
+    let want_sum = on_cpu(&x) + on_cpu(&delta);
+    close::<B>(&values(sum), &values(want_sum.clone()), "residual sum")?;
+    let want = values(rms_norm_reference(want_sum, on_cpu(&w), 1e-5));
+    close::<B>(&values(normed), &want, "norm of the sum")
 }
 
 fn split_heads_match<B: ModelBackend>(
@@ -184,6 +202,17 @@ macro_rules! on_backend {
                     seed in 0u64..1000,
                 ) {
                     rms_norm_matches::<B>(n, h, std, strided, seed)?;
+                }
+
+                #[test]
+                $(#[$ignore])?
+                fn cube_add_rms_norm_matches_the_reference(
+                    n in 1usize..20,
+                    h in 1usize..700,
+                    strided in any::<bool>(),
+                    seed in 0u64..1000,
+                ) {
+                    add_rms_norm_matches::<B>(n, h, strided, seed)?;
                 }
 
                 #[test]

@@ -263,6 +263,7 @@ impl AttentionBackend for NdArray<f32> {
         if qv.strides[3] != 1 || !packed(&kv) || !packed(&vv) {
             return fallback(q, (k_pool, v_pool), batch, scale);
         }
+        crate::host_work::launched(1);
         let mut out = vec![0f32; dims.rows * dims.q_heads * d];
         paged_prefill(qv, (kv, vv), batch, &dims, scale, &mut out);
         let decode_rows: Vec<DecodeRow> = batch

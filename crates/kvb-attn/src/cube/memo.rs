@@ -43,6 +43,7 @@ pub(crate) fn uploaded<R: CubeRuntime, const N: usize>(
             }
         }
         let tensors = upload(&ints);
+        crate::host_work::uploaded(N as u64);
         *cell.borrow_mut() = Some(Box::new((device.clone(), ints, tensors.clone())));
         tensors
     })

@@ -190,6 +190,23 @@ where
         }
     }
 
+    fn pool_scatter_pair(
+        pools: [Tensor<Self, 3>; 2],
+        slots: &[usize],
+        values: [Tensor<Self, 3>; 2],
+    ) -> [Tensor<Self, 3>; 2] {
+        match pool_write::pool_write_pair_in_place(pools, slots, values.clone()) {
+            Ok(pools) => pools,
+            Err([k_pool, v_pool]) => {
+                let [k, v] = values;
+                [
+                    Self::pool_scatter(k_pool, slots, k),
+                    Self::pool_scatter(v_pool, slots, v),
+                ]
+            }
+        }
+    }
+
     fn paged_attention(
         q: Tensor<Self, 4>,
         k_pool: &Tensor<Self, 3>,
@@ -322,6 +339,7 @@ fn launch<R: CubeRuntime>(
         out.clone()
     };
     let first_pass_dtype = first_pass.dtype;
+    crate::host_work::launched(if splits > 1 { 2 } else { 1 });
     kernel::paged_attention_kernel::launch::<R>(
         &client,
         CubeCount::Static(l.items as u32, dims.kv_heads as u32, splits as u32),
@@ -386,6 +404,7 @@ fn launch_mma<R: CubeRuntime>(
         vec![dims.rows, dims.q_heads * dims.head_dim].into(),
         float,
     );
+    crate::host_work::launched(1);
     tensor_core::paged_attention_mma_kernel::launch::<R>(
         &client,
         CubeCount::Static(n_items as u32, dims.q_heads as u32, 1),

@@ -117,7 +117,10 @@ pub(crate) fn kernel_for(
     match mode {
         Mode::Reference => Kernel::Reference,
         Mode::Auto
-            if tensor_cores && head_dim % 16 == 0 && head_dim <= 128 && cubes() >= WIDE_CUBES =>
+            if tensor_cores
+                && head_dim.is_multiple_of(16)
+                && head_dim <= 128
+                && cubes() >= WIDE_CUBES =>
         {
             Kernel::TensorCore
         }

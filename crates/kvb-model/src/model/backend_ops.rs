@@ -22,6 +22,13 @@ pub trait ModelBackend: AttentionBackend {
         f()
     }
 
+    /// Whether a decode step should choose its tokens on the device
+    /// ([`crate::generate::top_candidates`]) rather than read the logits: where reads cross a
+    /// bus and are each a wait. Here (the CPU's memory) no.
+    fn samples_on_device() -> bool {
+        false
+    }
+
     /// `x`: `[m, k]` times `w`: `[k, n]` (contiguous) -> `[m, n]`.
     fn linear_matmul(x: Tensor<Self, 2>, w: Tensor<Self, 2>) -> Tensor<Self, 2> {
         x.matmul(w)
@@ -66,6 +73,17 @@ pub trait ModelBackend: AttentionBackend {
     /// RMSNorm: `x` `[n, h]` divided by its root mean square, times `weight` `[1, h]`.
     fn rms_norm(x: Tensor<Self, 2>, weight: Tensor<Self, 2>, eps: f64) -> Tensor<Self, 2> {
         rms_norm_reference(x, weight, eps)
+    }
+
+    /// The residual add and the next RMSNorm: `x + delta` (`[n, h]` each) and its RMSNorm with
+    /// `weight` `[1, h]`, as [`ModelBackend::rms_norm`] of the sum.
+    fn add_rms_norm(
+        x: Tensor<Self, 2>,
+        delta: Tensor<Self, 2>,
+        weight: Tensor<Self, 2>,
+        eps: f64,
+    ) -> [Tensor<Self, 2>; 2] {
+        add_then(x, delta, |sum| Self::rms_norm(sum, weight, eps))
     }
 
     /// The gated MLP's middle: `gu` `[n, 2 i]` holds gate then up; returns `act(gate) * up` `[n, i]`.
@@ -121,6 +139,18 @@ pub trait ModelBackend: AttentionBackend {
         values: Tensor<Self, 3>,
     ) -> Tensor<Self, 3> {
         <Self as AttentionBackend>::pool_scatter(pool, slots, values)
+    }
+
+    /// A layer's K and V pools written at the same slots: [`ModelBackend::pool_write`] of each.
+    fn pool_write_pair(
+        [k_pool, v_pool]: [Tensor<Self, 3>; 2],
+        slots: &[usize],
+        [k, v]: [Tensor<Self, 3>; 2],
+    ) -> [Tensor<Self, 3>; 2] {
+        [
+            Self::pool_write(k_pool, slots, k),
+            Self::pool_write(v_pool, slots, v),
+        ]
     }
 
     /// As [`ModelBackend::pool_write`], from host values: tokens `src.first..src.first +
@@ -282,6 +312,16 @@ pub fn rms_norm_reference<B: burn::tensor::backend::Backend>(
     let mean_sq = (x.clone() * x.clone()).mean_dim(1);
     let inv = (mean_sq + eps).sqrt().recip();
     x * inv * weight
+}
+
+/// `x + delta` and `norm` of it: [`ModelBackend::add_rms_norm`] as two steps.
+pub(crate) fn add_then<B: Backend>(
+    x: Tensor<B, 2>,
+    delta: Tensor<B, 2>,
+    norm: impl FnOnce(Tensor<B, 2>) -> Tensor<B, 2>,
+) -> [Tensor<B, 2>; 2] {
+    let sum = x + delta;
+    [sum.clone(), norm(sum)]
 }
 
 /// [`ModelBackend::gated_activation`] in burn tensor ops.

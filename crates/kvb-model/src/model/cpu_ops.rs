@@ -55,7 +55,10 @@ impl ModelBackend for NdArray<f32> {
     /// decode step paid ~200 times; started from a worker it is a cheap fork-join. SmolLM2 Q4_1
     /// decode on 2 cores, 300 tokens: 59.7 -> 74 tokens/s (1 thread: 36 -> 42).
     fn on_compute_threads<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-        rayon::scope(|_| f())
+        // The pass's host-work counts follow it back to the calling thread.
+        let (r, work) = rayon::scope(|_| kvb_attn::host_work::counted(f));
+        kvb_attn::host_work::add(work);
+        r
     }
 
     /// One pass per row instead of six tensor ops (square, mean, add, sqrt, recip, two muls),
@@ -265,6 +268,7 @@ impl ModelBackend for NdArray<f32> {
         slots: &[usize],
         values: Tensor<Self, 3>,
     ) -> Tensor<Self, 3> {
+        kvb_attn::host_work::launched(1);
         let [h, n, d] = values.dims();
         let primitive = rows_of3(&values);
         match primitive.as_ref().and_then(f32_slice) {

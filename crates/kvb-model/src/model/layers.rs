@@ -9,7 +9,7 @@ use crate::weights::HostTensor;
 use burn::tensor::activation::{gelu, gelu_approximate, silu};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
-use kvb_attn::float_on;
+use kvb_attn::{float_on, host_work};
 use std::sync::Arc;
 
 /// `y = x W + b` with `W` stored `[in, out]`, contiguous.
@@ -41,6 +41,8 @@ pub(super) enum LinearWeight<B: ModelBackend> {
 impl<B: ModelBackend> LinearWeight<B> {
     /// `x`: `[n, in]` -> `[n, out]`.
     fn apply(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        // One product per stored part, and the concatenation of several.
+        host_work::launched(1);
         match self {
             LinearWeight::Dense(w) => B::linear_matmul(x, w.clone()),
             LinearWeight::Packed(w) => B::packed_linear(x, w),
@@ -154,7 +156,10 @@ impl<B: ModelBackend> Linear<B> {
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         let y = self.weight.apply(x);
         match &self.bias {
-            Some(b) => y + b.clone().unsqueeze::<2>(),
+            Some(b) => {
+                host_work::launched(1);
+                y + b.clone().unsqueeze::<2>()
+            }
             None => y,
         }
     }
@@ -233,8 +238,10 @@ impl<B: ModelBackend> Embedding<B> {
     /// `[n, hidden]`: the rows of `tokens` (each below the vocabulary size).
     pub fn lookup(&self, tokens: &[u32], device: &B::Device) -> Tensor<B, 2> {
         let n = tokens.len();
+        host_work::uploaded(1);
         match self {
             Embedding::Dense(table) => {
+                host_work::launched(1);
                 let ids: Vec<i64> = tokens.iter().map(|&t| t as i64).collect();
                 let ids = Tensor::<B, 1, Int>::from_data(TensorData::new(ids, [n]), device);
                 table.clone().select(0, ids)
@@ -285,7 +292,14 @@ impl<B: ModelBackend> RmsNorm<B> {
 
     /// `x`: `[n, hidden]` -> `x / rms(x) * w`.
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        host_work::launched(1);
         B::rms_norm(x, self.weight.clone(), self.eps)
+    }
+
+    /// `x + delta` (`[n, hidden]` each) and its norm: a residual add and the RMSNorm after it.
+    pub fn forward_residual(&self, x: Tensor<B, 2>, delta: Tensor<B, 2>) -> [Tensor<B, 2>; 2] {
+        host_work::launched(1);
+        B::add_rms_norm(x, delta, self.weight.clone(), self.eps)
     }
 }
 

@@ -41,7 +41,7 @@ use crate::rope::{Rope, RopeTables};
 use crate::weights::{StoredTensor, TensorSource, WeightLoader};
 use batch::Layout;
 use burn::tensor::{Int, Tensor, TensorData};
-use kvb_attn::{AttentionBackend, PagedBatch};
+use kvb_attn::{host_work, AttentionBackend, PagedBatch};
 
 /// Which positions of a forward pass get logits. Projecting every prefill position through a
 /// 49k-vocabulary head would cost more than a layer, so only what is asked for is computed.
@@ -396,7 +396,7 @@ impl<B: ModelBackend> Model<B> {
         B::on_compute_threads(|| {
             let layout = batch.layout(pool)?;
             let rope: RopeTables<B> = self.rope.tables(batch.positions, &self.device);
-            let mut x = self.embed(batch.tokens)?;
+            let mut x = Residual::new(self.embed(batch.tokens)?);
             for layer in 0..self.blocks.len() {
                 x = self.block(layer, x, &rope, &layout, pool)?;
             }
@@ -422,11 +422,11 @@ impl<B: ModelBackend> Model<B> {
         B::on_compute_threads(|| {
             let layout = batch.layout(pool)?;
             let rope: RopeTables<B> = self.rope.tables(batch.positions, &self.device);
-            let mut x = self.embed(batch.tokens)?;
+            let mut x = Residual::new(self.embed(batch.tokens)?);
             for l in 0..layer {
                 x = self.block(l, x, &rope, &layout, pool)?;
             }
-            Ok(self.qkv(layer, x, &rope)?.1)
+            Ok(self.qkv(layer, x, &rope)?.1 .1)
         })
     }
 
@@ -463,25 +463,49 @@ impl<B: ModelBackend> Model<B> {
     fn embed(&self, tokens: &[u32]) -> Result<Tensor<B, 2>> {
         let x = self.embed.lookup(tokens, &self.device);
         self.held(match self.config.embedding_scale() {
-            Some(scale) => x * scale,
+            Some(scale) => {
+                host_work::launched(1);
+                x * scale
+            }
             None => x,
         })
     }
 
-    /// Splits fused q/k/v projections of `x` (`[n, hidden]`) into heads: q `[1, hq, n, hd]` and k, v
-    /// `[1, hkv, n, hd]`, with q and k rotated to their positions.
+    /// The residual stream `x` with its pending sublayer output added, and that sum normalised by
+    /// `norm`: one launch on backends that fuse them ([`ModelBackend::add_rms_norm`]).
+    fn add_norm(&self, norm: &RmsNorm<B>, x: Residual<B>) -> Result<[Tensor<B, 2>; 2]> {
+        match x.pending {
+            None => {
+                let normed = self.held(norm.forward(x.x.clone()))?;
+                Ok([x.x, normed])
+            }
+            // Compute in bf16 rounds the sum before it is normalised, as two ops would.
+            Some(delta) if self.compute_precision() == ComputePrecision::Bf16 => {
+                host_work::launched(1);
+                let sum = self.held(x.x + delta)?;
+                let normed = self.held(norm.forward(sum.clone()))?;
+                Ok([sum, normed])
+            }
+            Some(delta) => Ok(norm.forward_residual(x.x, delta)),
+        }
+    }
+
+    /// Splits fused q/k/v projections of the normalised stream into heads: q `[1, hq, n, hd]` and
+    /// k, v `[1, hkv, n, hd]`, with q and k rotated to their positions. Returns the stream (its
+    /// pending output added) beside them.
     fn qkv(
         &self,
         layer: usize,
-        x: Tensor<B, 2>,
+        x: Residual<B>,
         rope: &RopeTables<B>,
-    ) -> Result<(Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>)> {
+    ) -> Result<(Tensor<B, 2>, Heads<B>)> {
         let c = &self.config;
         let block = &self.blocks[layer];
-        let normed = self.held(block.attn_norm.forward(x))?;
+        let [x, normed] = self.add_norm(&block.attn_norm, x)?;
         let qkv = self.held(block.qkv.forward(normed))?; // [n, (hq + 2 hkv) hd]
+        host_work::launched(1);
         let [q, k, v] = B::split_heads(qkv, (c.num_heads, c.num_kv_heads, c.head_dim), rope);
-        Ok((self.held(q)?, self.held(k)?, self.held(v)?))
+        Ok((x, (self.held(q)?, self.held(k)?, self.held(v)?)))
     }
 
     /// One transformer block over `x` (`[n, hidden]`): writes the rows' K/V at their pool slots,
@@ -489,16 +513,16 @@ impl<B: ModelBackend> Model<B> {
     fn block(
         &self,
         layer: usize,
-        x: Tensor<B, 2>,
+        x: Residual<B>,
         rope: &RopeTables<B>,
         layout: &Layout,
         pool: &mut KvPool<B>,
-    ) -> Result<Tensor<B, 2>> {
+    ) -> Result<Residual<B>> {
         let c = &self.config;
         let (hkv, hd) = (c.num_kv_heads, c.head_dim);
-        let n = x.dims()[0];
+        let n = x.x.dims()[0];
         let block = &self.blocks[layer];
-        let (q, k, v) = self.qkv(layer, x.clone(), rope)?;
+        let (x, (q, k, v)) = self.qkv(layer, x, rope)?;
         pool.write(
             layer,
             &layout.write,
@@ -513,19 +537,18 @@ impl<B: ModelBackend> Model<B> {
         let scale = (hd as f32).powf(-0.5);
         let att = <B as AttentionBackend>::paged_attention(q, keys, values, &paged, scale)?; // [n, hq hd]
         let att = self.held(block.o.forward(self.held(att)?))?;
-        let x = self.held(x + att)?;
-
-        let normed = self.held(block.mlp_norm.forward(x.clone()))?;
+        let [x, normed] = self.add_norm(&block.mlp_norm, Residual::with(x, att))?;
         let gu = self.held(block.gate_up.forward(normed))?; // [n, 2 inter]
+        host_work::launched(1);
         let act = self.held(B::gated_activation(gu, c.activation))?;
         let mlp = self.held(block.down.forward(act))?;
-        self.held(x + mlp)
+        Ok(Residual::with(x, mlp))
     }
 
     /// Logits `[rows, vocab]` of the final residual stream `x` for the rows asked for.
-    fn logits(&self, x: Tensor<B, 2>, logits: LogitsFor) -> Result<Tensor<B, 2>> {
+    fn logits(&self, x: Residual<B>, logits: LogitsFor) -> Result<Tensor<B, 2>> {
         let c = &self.config;
-        let n = x.dims()[0];
+        let n = x.x.dims()[0];
         let rows = match logits {
             LogitsFor::Last => Some(vec![n - 1]),
             LogitsFor::All => None,
@@ -549,20 +572,53 @@ impl<B: ModelBackend> Model<B> {
         let x = match rows {
             Some(rows) if rows.len() == 1 => {
                 let r = rows[0];
-                x.slice([r..r + 1, 0..c.hidden_size])
+                x.map(|t| t.slice([r..r + 1, 0..c.hidden_size]))
             }
             Some(rows) => {
                 let idx: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
                 let m = idx.len();
-                x.select(
-                    0,
-                    Tensor::<B, 1, Int>::from_data(TensorData::new(idx, [m]), &self.device),
-                )
+                let idx = Tensor::<B, 1, Int>::from_data(TensorData::new(idx, [m]), &self.device);
+                host_work::uploaded(1);
+                x.map(|t| {
+                    host_work::launched(1);
+                    t.select(0, idx.clone())
+                })
             }
             None => x,
         };
-        let normed = self.held(self.norm.forward(x))?;
+        let [_, normed] = self.add_norm(&self.norm, x)?;
         self.held(self.lm_head.forward(normed))
+    }
+}
+
+/// q, k and v split into heads: `[1, heads, n, head_dim]` each.
+type Heads<B> = (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>);
+
+/// The residual stream between sublayers: `x`, and the output of the sublayer before, not yet
+/// added to it; the next RMSNorm adds it in the same launch.
+struct Residual<B: ModelBackend> {
+    x: Tensor<B, 2>,
+    pending: Option<Tensor<B, 2>>,
+}
+
+impl<B: ModelBackend> Residual<B> {
+    fn new(x: Tensor<B, 2>) -> Self {
+        Residual { x, pending: None }
+    }
+
+    fn with(x: Tensor<B, 2>, pending: Tensor<B, 2>) -> Self {
+        Residual {
+            x,
+            pending: Some(pending),
+        }
+    }
+
+    /// The same rows of both.
+    fn map(self, f: impl Fn(Tensor<B, 2>) -> Tensor<B, 2>) -> Self {
+        Residual {
+            x: f(self.x),
+            pending: self.pending.map(&f),
+        }
     }
 }
 

@@ -1,5 +1,6 @@
-//! The CubeCL backends' overrides of [`ModelBackend`] (wgpu, CUDA): RMSNorm, the head split with
-//! RoPE, and the gated activation, each one kernel launch instead of a chain of burn ops.
+//! The CubeCL backends' overrides of [`ModelBackend`] (wgpu, CUDA): RMSNorm (with the residual add
+//! before it), the head split with RoPE, and the gated activation, each one kernel launch instead
+//! of a chain of burn ops.
 //!
 //! A decode step on a GPU is bound by the host, not the device: each burn op is a launch (a
 //! round of host work: binding, caching, queueing), and burn 0.21 without its `fusion` feature
@@ -80,6 +81,40 @@ where
             return backend_ops::rms_norm_reference(x, weight, eps);
         }
         burn(rms_norm::launch(cube(x), cube(weight), eps as f32))
+    }
+
+    fn samples_on_device() -> bool {
+        true
+    }
+
+    fn add_rms_norm(
+        x: Tensor<Self, 2>,
+        delta: Tensor<Self, 2>,
+        weight: Tensor<Self, 2>,
+        eps: f64,
+    ) -> [Tensor<Self, 2>; 2] {
+        let [n, h] = x.dims();
+        if !kernels_chosen()
+            || n == 0
+            || n > MAX_CUBES_PER_AXIS
+            || h == 0
+            || delta.dims() != [n, h]
+            || weight.dims() != [1, h]
+        {
+            return backend_ops::add_then(x, delta, |sum| {
+                backend_ops::rms_norm_reference(sum, weight, eps)
+            });
+        }
+        rms_norm::launch_residual(cube(x), cube(delta), cube(weight), eps as f32).map(burn)
+    }
+
+    /// K and V in one launch ([`kvb_attn::AttentionBackend::pool_scatter_pair`]).
+    fn pool_write_pair(
+        pools: [Tensor<Self, 3>; 2],
+        slots: &[usize],
+        values: [Tensor<Self, 3>; 2],
+    ) -> [Tensor<Self, 3>; 2] {
+        <Self as kvb_attn::AttentionBackend>::pool_scatter_pair(pools, slots, values)
     }
 
     fn split_heads(
