@@ -19,6 +19,11 @@ newest() { ls -t $T/deps/$1-* | grep -v '\.d$' | head -1; }
 cp $T/kvb $D/stage/kvb
 cp "$(newest cube_matches_naive)" $D/stage/cube_matches_naive
 cp "$(newest gpu_attention)" $D/stage/gpu_attention
+# kvb-model's CUDA suites, when built (cargo test --release -p kvb-model --features cuda
+# --test cube_ops --test device_sampling --no-run).
+for t in cube_ops device_sampling; do
+  ls $T/deps/$t-* >/dev/null 2>&1 && cp "$(newest $t)" $D/stage/$t && strip $D/stage/$t
+done
 if [ -n "$LLAMA_BUILD" ]; then
   for b in llama-bench llama-batched-bench llama-quantize; do cp $LLAMA_BUILD/bin/$b $D/stage/llama/bin/; done
   cp -P $LLAMA_BUILD/bin/*.so* $D/stage/llama/lib/

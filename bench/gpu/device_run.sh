@@ -12,10 +12,10 @@ OUT=${OUT:-/tmp/kvb-gpu-out}
 R=$OUT/results
 mkdir -p "$R"
 exec > >(tee "$OUT/run.log") 2>&1
-# STEPS picks the steps (default: all): tests attn models llama kvb diag launches. ATTN_RUNS
-# (default "f16:auto f16:vector bf16:auto") the attention benchmarks, SKIP_SDPA=1 skips
+# STEPS picks the steps (default: all but diag): tests attn models llama kvb extra diag
+# launches. ATTN_RUNS (default "f16:auto f16:vector bf16:auto") the attention benchmarks, SKIP_SDPA=1 skips
 # PyTorch's; BUDGET (seconds, default 540) stops starting kvb runs near the end.
-STEPS=" ${STEPS:-tests attn models llama kvb launches} "
+STEPS=" ${STEPS:-tests attn models llama kvb extra launches} "
 want() { [[ $STEPS == *" $1 "* ]]; }
 trap 'tar czf "$OUT/results.tar.gz" -C "$OUT" results && rm -rf "$R"' EXIT
 B=$PWD/.device
@@ -27,6 +27,7 @@ step bundle
 (cd "$B" && tar xJf bundle.tar.xz) || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
 lscpu | grep -E '^Model name|^CPU\(s\)'
+find / -xdev -name 'libcublas.so.1[0-9]' 2>/dev/null | head -4
 CUBLAS=$(dirname "$(find / -xdev -name 'libcublas.so.13' 2>/dev/null | head -1)")
 export LD_LIBRARY_PATH=$B/llama/lib:$CUBLAS:${LD_LIBRARY_PATH:-}
 export CUDA_PATH=${CUDA_PATH:-/usr/local/cuda} CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
@@ -36,6 +37,9 @@ export PYTHONPATH=/tmp/site
 if want tests; then
 step "attention kernels vs the per-element answer (CUDA f32, f16, bf16)"
 timeout 180 "$B/cube_matches_naive" --ignored cuda 2>&1 | grep -v '^$' | tail -40
+for t in cube_ops device_sampling; do
+  [ -x "$B/$t" ] && timeout 120 "$B/$t" --ignored cuda 2>&1 | grep -E '^test |test result|panicked' | tail -20
+done
 fi
 
 if want attn; then
@@ -89,7 +93,10 @@ import json, sys
 for line in open(sys.argv[1]):
     r = json.loads(line)
     print(f"  {r['id']:>8} prompt {r['prompt_tokens']:>5} cached {r['cached_tokens']:>5} "
-          f"ttft {r['ttft_ms']:9.1f} ms  decode {r['tokens_per_sec']:7.1f} tok/s")
+          f"ttft {r['ttft_ms']:9.1f} ms  decode {r['tokens_per_sec']:7.1f} tok/s  per step: "
+          f"{r.get('launches_per_decode_step', 0):.0f} launches "
+          f"{r.get('uploads_per_decode_step', 0):.1f} uploads {r.get('reads_per_decode_step', 0):.1f} "
+          f"reads {r.get('read_bytes_per_decode_step', 0):.0f} B")
 EOF
 }
 
@@ -114,6 +121,8 @@ for m in $MODELS; do
   for c in 1 16; do replay $m f16-clients$c f16 requests-concurrency-$c.jsonl --max-new-tokens 48; done
   grep -h aggregate_decode $R/$m-f16-clients*.summary.json
 done
+fi
+if want extra; then
 step "kvb CUDA, the default shape: without tensor cores, and f32"
 KVB_ATTN=vector replay $SMALL f16-vector-4096 f16 requests-4096.jsonl --mode baseline
 replay $SMALL f32-4096 f32 requests-4096.jsonl --mode baseline

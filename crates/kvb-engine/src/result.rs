@@ -1,6 +1,7 @@
 //! What a request reports, and what the pool reports.
 
 use kvb_model::generate::{StopReason, TokenLogprobs};
+use kvb_model::HostWork;
 use std::time::Duration;
 
 /// Time spent in each stage of a request.
@@ -98,6 +99,11 @@ pub struct GenerationResult {
     pub logprobs: Vec<TokenLogprobs>,
     /// Why generation ended (`None` when nothing was to be generated).
     pub stop_reason: Option<StopReason>,
+    /// Forward passes in which it decoded a token.
+    pub decode_steps: usize,
+    /// The host's work for those passes (kernel launches, uploads, reads), each pass whole:
+    /// shared with the other sequences in it. Per step it is what a GPU decode step waits on.
+    pub decode_host_work: HostWork,
 }
 
 /// What is known of a request once its first token is: sent as [`crate::Event::Started`] just

@@ -6,6 +6,7 @@ use crate::plan::Piece;
 use crate::request::Sink;
 use crate::result::{CachedTokens, StageTimes};
 use kvb_model::generate::{Continuation, TokenLogprobs};
+use kvb_model::HostWork;
 use std::collections::VecDeque;
 use std::time::Instant;
 
@@ -54,6 +55,9 @@ pub(crate) struct SeqStats {
     pub prefill_started: Option<Instant>,
     /// Forward passes that computed some of its prompt rows.
     pub prefill_passes: usize,
+    /// Steps in which it decoded, and the host's work for their whole passes.
+    pub decode_steps: usize,
+    pub decode_host_work: HostWork,
 }
 
 /// One request in the scheduler.

@@ -11,6 +11,7 @@ use burn::tensor::{backend::Backend, DType, Tensor};
 /// is their widening anyway.
 pub fn to_host_f32<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
     let data = t.into_data();
+    kvb_attn::host_work::read(data.as_bytes().len() as u64);
     match data.dtype {
         DType::F16 => decode_half(data.as_bytes(), |b| half::f16::from_ne_bytes(b).to_f32()),
         DType::BF16 => decode_half(data.as_bytes(), |b| half::bf16::from_ne_bytes(b).to_f32()),

@@ -86,7 +86,7 @@ pub use host_read::to_host_f32;
 pub use kv_cache::KvCache;
 pub use kv_pool::KvPool;
 /// Creation options naming a backend's float type (see kvb-attn).
-pub use kvb_attn::float_on;
+pub use kvb_attn::{float_on, host_work, HostWork};
 pub use model::{
     ActivationPrecision, ComputePrecision, ForwardBatch, HostKv, LogitsFor, Model, ModelBackend,
     SeqRows, WeightPrecision,

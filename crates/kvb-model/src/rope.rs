@@ -166,6 +166,7 @@ impl Rope {
                 sin[t * dim + half + i] = s;
             }
         }
+        kvb_attn::host_work::uploaded(2);
         RopeTables {
             cos: Tensor::from_data(TensorData::new(cos, [1, 1, n, dim]), float_on::<B>(device)),
             signed_sin: Tensor::from_data(

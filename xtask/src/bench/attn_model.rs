@@ -67,6 +67,8 @@ struct PathResult {
     prompt_tokens: usize,
     ttft_ms: f64,
     decode_tokens_per_sec: f64,
+    /// Per decode step: launches, uploads, reads, bytes read.
+    host_work: [f64; 4],
     tokens: Vec<Vec<u32>>,
 }
 
@@ -79,6 +81,13 @@ fn reduce(lines: &[Line]) -> Result<PathResult> {
         prompt_tokens: long[0].prompt_tokens,
         ttft_ms: median(&long.iter().map(|l| l.ttft_ms).collect::<Vec<_>>()),
         decode_tokens_per_sec: median(&long.iter().map(|l| l.tokens_per_sec).collect::<Vec<_>>()),
+        host_work: [
+            |l: &&Line| l.launches_per_decode_step,
+            |l: &&Line| l.uploads_per_decode_step,
+            |l: &&Line| l.reads_per_decode_step,
+            |l: &&Line| l.read_bytes_per_decode_step,
+        ]
+        .map(|f| median(&long.iter().map(f).collect::<Vec<_>>())),
         tokens: long.iter().map(|l| l.token_ids.clone()).collect(),
     })
 }
@@ -116,13 +125,18 @@ pub fn run(kvb: &Path, backend: &str, dtype: &str, size: &Size, raw: &Path) -> R
     let mut md = format!(
         "\n## The default model ({backend}, {dtype})\n\n`kvb replay --mode baseline`: {} independent \
          prompts of {} tokens, {} generated tokens each, after a request that compiles the \
-         kernels; medians.\n\n| attention | TTFT (prefill) | decode tokens/s |\n|---|---:|---:|\n",
+         kernels; medians. Host work per decode step: kernel launches, host-to-device uploads, \
+         device-to-host reads (and their bytes), as kvb counts them (burn's reference attention \
+         runs several kernels and counts as one).\n\n| attention | TTFT \
+         (prefill) | decode tokens/s | launches | uploads | reads (bytes) |\n\
+         |---|---:|---:|---:|---:|---:|\n",
         size.prompts, kernel.prompt_tokens, size.new_tokens
     );
     for (name, r) in &results {
+        let [launches, uploads, reads, bytes] = r.host_work;
         let _ = writeln!(
             md,
-            "| {name} | {:.0} ms | {:.1} |",
+            "| {name} | {:.0} ms | {:.1} | {launches:.0} | {uploads:.1} | {reads:.1} ({bytes:.0}) |",
             r.ttft_ms, r.decode_tokens_per_sec
         );
     }
@@ -154,6 +168,10 @@ mod tests {
             stages: Default::default(),
             token_ids: vec![1, 2],
             tokens_per_sec,
+            launches_per_decode_step: 0.0,
+            uploads_per_decode_step: 0.0,
+            reads_per_decode_step: 0.0,
+            read_bytes_per_decode_step: 0.0,
             rss_bytes: None,
             peak_rss_bytes: None,
         }

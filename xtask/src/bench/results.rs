@@ -43,6 +43,15 @@ pub struct Line {
     /// Decode speed of the request (its generated tokens after the first, per second).
     #[serde(default)]
     pub tokens_per_sec: f64,
+    /// The host's work per decode step: kernel launches, uploads, reads and their bytes.
+    #[serde(default)]
+    pub launches_per_decode_step: f64,
+    #[serde(default)]
+    pub uploads_per_decode_step: f64,
+    #[serde(default)]
+    pub reads_per_decode_step: f64,
+    #[serde(default)]
+    pub read_bytes_per_decode_step: f64,
     pub rss_bytes: Option<u64>,
     pub peak_rss_bytes: Option<u64>,
 }

@@ -7,7 +7,9 @@ use crate::request::Event;
 use crate::result::{GenerationResult, Started};
 use crate::sequence::{Sequence, Work};
 use crate::EngineError;
-use kvb_model::generate::{logits_to_vec, token_logprobs};
+use kvb_model::generate::{
+    logits_to_vec, token_logprobs, top_candidates, Candidates, Next, MAX_DEVICE_K,
+};
 use kvb_model::{ForwardBatch, LogitsFor, ModelBackend, SeqRows};
 use std::time::Instant;
 
@@ -44,6 +46,14 @@ impl PrefillBudget {
             next.min(self.left)
         }
     }
+}
+
+/// What a step's pass hands back for its sampled rows.
+enum Sampled {
+    /// Their logits, row after row.
+    Logits(Vec<f32>),
+    /// Their best tokens, chosen on the device.
+    Candidates(Candidates),
 }
 
 /// A sequence's rows in this step.
@@ -136,7 +146,25 @@ impl<B: ModelBackend> Scheduler<B> {
                 }
             }
         }
-        let result = self.forward(&running, &members);
+        let (result, work) = kvb_model::host_work::counted(|| self.forward(&running, &members));
+        kvb_model::host_work::add(work);
+        let decoders = members.iter().filter(|m| m.decode).count();
+        if !members.is_empty() {
+            tracing::debug!(
+                rows = members.iter().map(|m| m.slots.len()).sum::<usize>(),
+                decoding = decoders,
+                launches = work.launches,
+                uploads = work.uploads,
+                reads = work.reads,
+                read_bytes = work.read_bytes,
+                "forward pass"
+            );
+        }
+        for m in members.iter().filter(|m| m.decode) {
+            let st = &mut running[m.seq].stats;
+            st.decode_steps += 1;
+            st.decode_host_work += work;
+        }
         let mut done: Vec<usize> = Vec::new();
         match result {
             Err(e) => {
@@ -146,7 +174,7 @@ impl<B: ModelBackend> Scheduler<B> {
                     failed.push((m.seq, EngineError::Internal(message.clone())));
                 }
             }
-            Ok(logits) => {
+            Ok(sampled) => {
                 let vocab = self.shared.model.config().vocab_size;
                 let mut row = 0;
                 for m in &members {
@@ -159,9 +187,15 @@ impl<B: ModelBackend> Scheduler<B> {
                         }
                     }
                     if m.sample {
-                        let l = &logits[row * vocab..(row + 1) * vocab];
+                        let next = match &sampled {
+                            Sampled::Logits(l) => Next::Logits(&l[row * vocab..(row + 1) * vocab]),
+                            Sampled::Candidates(c) => Next::Candidates {
+                                ids: c.ids(row),
+                                values: c.values(row),
+                            },
+                        };
                         row += 1;
-                        match self.sample(s, l) {
+                        match self.sample(s, next) {
                             Ok(true) => done.push(m.seq),
                             Ok(false) => {}
                             Err(e) => failed.push((m.seq, e)),
@@ -192,15 +226,42 @@ impl<B: ModelBackend> Scheduler<B> {
         self.running = running;
     }
 
-    /// The forward pass of a step; returns the sampled rows' logits, row after row.
+    /// Candidates per row when every sampled row of the step can choose its token on the
+    /// device (a decode row whose request keeps no logits, asks no log-probabilities and samples
+    /// greedily or from a top-k of at most [`MAX_DEVICE_K`]): 1 when all are greedy, else
+    /// [`MAX_DEVICE_K`]. `None` reads the logits.
+    fn device_candidates(&self, running: &[Sequence], members: &[Member]) -> Option<usize> {
+        if !B::samples_on_device() {
+            return None;
+        }
+        let mut k = 1;
+        for m in members.iter().filter(|m| m.sample) {
+            let s = &running[m.seq];
+            let sampler = s.run.sampler();
+            let needs_logits = s.options.keep_logits
+                || s.options.logprobs.is_some()
+                || s.stats.first_token_at.is_none()
+                || !sampler.fits_candidates(MAX_DEVICE_K);
+            if needs_logits {
+                return None;
+            }
+            if sampler.candidates_needed() > 1 {
+                k = MAX_DEVICE_K;
+            }
+        }
+        Some(k)
+    }
+
+    /// The forward pass of a step; returns what its sampled rows need, row after row.
     fn forward(
         &mut self,
         running: &[Sequence],
         members: &[Member],
-    ) -> Result<Vec<f32>, EngineError> {
+    ) -> Result<Sampled, EngineError> {
         if members.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Sampled::Logits(Vec::new()));
         }
+        let candidates = self.device_candidates(running, members);
         let mut tokens = Vec::new();
         let mut positions = Vec::new();
         let mut rows = Vec::new();
@@ -234,16 +295,25 @@ impl<B: ModelBackend> Scheduler<B> {
             shared.model.forward_batch(&batch, &mut self.pool, logits)
         }))
         .map_err(|_| EngineError::Internal("the forward pass panicked".into()))??;
-        Ok(logits_to_vec(out)?)
+        Ok(match candidates {
+            Some(k) if out.dims()[0] > 0 => Sampled::Candidates(top_candidates(out, k)?),
+            _ => Sampled::Logits(logits_to_vec(out)?),
+        })
     }
 
-    /// Samples the next token of `s` from `logits`, streams it; returns whether `s` is done.
-    fn sample(&mut self, s: &mut Sequence, logits: &[f32]) -> Result<bool, EngineError> {
+    /// Samples the next token of `s` from `next`, streams it; returns whether `s` is done.
+    /// Logits are there whenever the request keeps them, asks for log-probabilities, or this is
+    /// its first token ([`Self::device_candidates`]).
+    fn sample(&mut self, s: &mut Sequence, next: Next<'_>) -> Result<bool, EngineError> {
         let max = self.shared.model.config().max_position_embeddings;
         let first = s.stats.first_token_at.is_none();
         let step = s
             .run
-            .step(&self.shared.tokenizer, logits, s.tokens.len(), max)?;
+            .step_from(&self.shared.tokenizer, next, s.tokens.len(), max)?;
+        let logits: &[f32] = match next {
+            Next::Logits(l) => l,
+            Next::Candidates { .. } => &[],
+        };
         let now = Instant::now();
         if first {
             s.stats.first_token_at = Some(now);
@@ -432,6 +502,8 @@ fn result_of(s: &mut Sequence) -> GenerationResult {
         logits: std::mem::take(&mut st.logits),
         logprobs: std::mem::take(&mut st.logprobs),
         stop_reason: s.run.stop(),
+        decode_steps: st.decode_steps,
+        decode_host_work: st.decode_host_work,
     }
 }
 

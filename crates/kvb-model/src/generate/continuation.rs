@@ -6,6 +6,21 @@ use super::{GenerateParams, Sampler, StopReason, TextStream};
 use crate::error::Result;
 use crate::tokenizer::Tokenizer;
 
+/// What a step samples from.
+#[derive(Debug, Clone, Copy)]
+pub enum Next<'a> {
+    /// The logits of the sequence's last position.
+    Logits(&'a [f32]),
+    /// Its best tokens, highest first, with their logits ([`super::top_candidates`]); enough
+    /// where [`Sampler::fits_candidates`] says so.
+    Candidates {
+        /// Token ids.
+        ids: &'a [u32],
+        /// Their logits (may be empty for one candidate).
+        values: &'a [f32],
+    },
+}
+
 /// The outcome of one [`Continuation::step`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Step {
@@ -63,9 +78,26 @@ impl Continuation {
         position: usize,
         max_positions: usize,
     ) -> Result<Step> {
-        let token = match self.forced.get(self.tokens.len()) {
-            Some(&forced) => forced,
-            None => self.sampler.sample(logits),
+        self.step_from(tokenizer, Next::Logits(logits), position, max_positions)
+    }
+
+    /// The sampler, to ask what a step needs ([`Sampler::fits_candidates`]).
+    pub fn sampler(&self) -> &Sampler {
+        &self.sampler
+    }
+
+    /// [`Continuation::step`] from all the logits or from the device's best candidates.
+    pub fn step_from(
+        &mut self,
+        tokenizer: &Tokenizer,
+        next: Next<'_>,
+        position: usize,
+        max_positions: usize,
+    ) -> Result<Step> {
+        let token = match (self.forced.get(self.tokens.len()), next) {
+            (Some(&forced), _) => forced,
+            (None, Next::Logits(logits)) => self.sampler.sample(logits),
+            (None, Next::Candidates { ids, values }) => self.sampler.sample_candidates(ids, values),
         };
         self.tokens.push(token);
         if self.params.stop_at_eos && self.eos.contains(&token) {

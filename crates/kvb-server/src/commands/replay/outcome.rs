@@ -76,6 +76,12 @@ pub struct Outcome<'a> {
     approximate_chunks: usize,
     preemptions: usize,
     tokens_per_sec: f64,
+    /// The host's work per decode step it took part in (0 without one): kernel launches,
+    /// host-to-device uploads, device-to-host reads and their bytes.
+    launches_per_decode_step: f64,
+    uploads_per_decode_step: f64,
+    reads_per_decode_step: f64,
+    read_bytes_per_decode_step: f64,
     stages: StagesMs,
     output_text: &'a str,
     token_ids: &'a [u32],
@@ -119,6 +125,10 @@ impl<'a> Outcome<'a> {
             approximate_chunks: g.approximate_chunks,
             preemptions: g.preemptions,
             tokens_per_sec: g.tokens_per_sec,
+            launches_per_decode_step: per_step(g.decode_host_work.launches, g.decode_steps),
+            uploads_per_decode_step: per_step(g.decode_host_work.uploads, g.decode_steps),
+            reads_per_decode_step: per_step(g.decode_host_work.reads, g.decode_steps),
+            read_bytes_per_decode_step: per_step(g.decode_host_work.read_bytes, g.decode_steps),
             stages: (&g.stages).into(),
             output_text: &g.output_text,
             token_ids: &g.token_ids,
@@ -143,4 +153,13 @@ pub struct Failure<'a> {
     pub id: &'a Value,
     pub client: Option<&'a Value>,
     pub error: String,
+}
+
+/// `count` over `steps` (0 without steps).
+fn per_step(count: u64, steps: usize) -> f64 {
+    if steps == 0 {
+        0.0
+    } else {
+        count as f64 / steps as f64
+    }
 }
