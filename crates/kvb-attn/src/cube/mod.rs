@@ -245,11 +245,7 @@ where
         if kernel == plan::Kernel::TensorCore {
             let work = plan::plan(batch, plan::WIDE_ROWS);
             let n_items = work.len();
-            let index = memo::int_tensors::<R, F, I, BT, 3>(
-                &memo::ATTENTION,
-                &device,
-                [work.tables, work.last_slot, work.items],
-            );
+            let index = upload::<R, F, I, BT>(work, &device);
             let out = launch_mma::<R>(
                 q.into_primitive().tensor(),
                 k_pool.clone().into_primitive().tensor(),
@@ -267,16 +263,7 @@ where
         let work = plan::plan(batch, rows_per_item);
         let split = plan::key_split(&work, dims.kv_heads, TILE_KEYS);
         let n_items = work.len();
-        let plan::WorkPlan {
-            tables,
-            last_slot,
-            items,
-        } = work;
-        let index = memo::int_tensors::<R, F, I, BT, 3>(
-            &memo::ATTENTION,
-            &device,
-            [tables, last_slot, items],
-        );
+        let index = upload::<R, F, I, BT>(work, &device);
         let out = launch::<R>(
             q.into_primitive().tensor(),
             k_pool.clone().into_primitive().tensor(),
@@ -295,6 +282,23 @@ where
         );
         Ok(Tensor::from_primitive(TensorPrimitive::Float(out)))
     }
+}
+
+/// A work plan's block tables, last slots and items on `device` (reused across layers, see
+/// [`memo`]).
+fn upload<R, F, I, BT>(work: plan::WorkPlan, device: &R::CubeDevice) -> [CubeTensor<R>; 3]
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    let plan::WorkPlan {
+        tables,
+        last_slot,
+        items,
+    } = work;
+    memo::int_tensors::<R, F, I, BT, 3>(&memo::ATTENTION, device, [tables, last_slot, items])
 }
 
 /// The launch's sizes, besides the tensors.

@@ -5,7 +5,7 @@
 
 use crate::error::{ModelError, Result};
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, FloatDType, Int, Tensor};
+use burn::tensor::{DType, FloatDType, Tensor};
 
 /// Candidates of a top-k row chosen on the device, whatever its `k` (at most this): one size,
 /// so one top-k kernel is compiled per process and float type. Top-k sampling with a larger
@@ -70,7 +70,7 @@ pub fn top_candidates<B: Backend>(logits: Tensor<B, 2>, k: usize) -> Result<Cand
         let ids = logits.argmax(1);
         return Ok(Candidates {
             k,
-            ids: read_ids(ids)?,
+            ids: crate::host_read::to_host_ids(ids)?,
             values: Vec::new(),
         });
     }
@@ -106,37 +106,4 @@ pub fn top_candidates<B: Backend>(logits: Tensor<B, 2>, k: usize) -> Result<Cand
         out.values.extend(order.iter().map(|&i| values[i]));
     }
     Ok(out)
-}
-
-/// Token ids read back from an int tensor, decoded at any byte alignment (see
-/// [`crate::to_host_f32`]).
-fn read_ids<B: Backend>(ids: Tensor<B, 2, Int>) -> Result<Vec<u32>> {
-    let data = ids.into_data();
-    let bytes = data.as_bytes();
-    kvb_attn::host_work::read(bytes.len() as u64);
-    let wide: Vec<i64> = match data.dtype {
-        DType::I64 | DType::U64 => bytes
-            .chunks_exact(8)
-            .map(|b| i64::from_ne_bytes(b.try_into().expect("8 bytes")))
-            .collect(),
-        DType::I32 => bytes
-            .chunks_exact(4)
-            .map(|b| i32::from_ne_bytes(b.try_into().expect("4 bytes")) as i64)
-            .collect(),
-        DType::U32 => bytes
-            .chunks_exact(4)
-            .map(|b| u32::from_ne_bytes(b.try_into().expect("4 bytes")) as i64)
-            .collect(),
-        other => {
-            return Err(ModelError::Forward(format!(
-                "token ids came back as {other:?}"
-            )))
-        }
-    };
-    wide.into_iter()
-        .map(|x| {
-            u32::try_from(x)
-                .map_err(|_| ModelError::Forward(format!("the device returned token id {x}")))
-        })
-        .collect()
 }
