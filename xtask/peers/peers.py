@@ -120,10 +120,12 @@ def peer(name, job):
 
 def main():
     job, name = json.load(open(sys.argv[1])), sys.argv[2]
-    records = []
+    records, loads = [], []
     for rep in range(job["reps"]):
         # A fresh peer per repetition: nothing carries over between repetitions.
+        start = now()
         p = peer(name, job)
+        loads.append((now() - start) * 1e3)
         for w in job["workloads"]:
             if w["warm"] and name.startswith("pytorch"):
                 continue  # no prompt cache: its warm request is its cold one
@@ -142,7 +144,8 @@ def main():
         del p
     # Peak resident memory of this process (KiB on Linux).
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    json.dump({"peer": name, "peak_rss_bytes": peak, "runs": records}, open(sys.argv[3], "w"), indent=1)
+    json.dump({"peer": name, "peak_rss_bytes": peak, "load_ms": loads, "runs": records},
+              open(sys.argv[3], "w"), indent=1)
 
 
 if __name__ == "__main__":

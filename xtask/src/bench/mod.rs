@@ -11,6 +11,7 @@ mod plots;
 mod report;
 mod results;
 pub mod server;
+mod shape_peers;
 pub mod shared;
 pub mod soak;
 mod workloads;

@@ -27,13 +27,17 @@ const PEERS: [&str; 4] = [
 /// What the environment must import, and the packages that provide it.
 const PEER_PACKAGES: [&str; 4] = ["torch", "transformers", "numpy", "llama-cpp-python==0.3.36"];
 
-struct Options {
-    reps: usize,
-    threads: usize,
-    out: Option<PathBuf>,
+pub(super) struct Options {
+    pub(super) reps: usize,
+    pub(super) threads: usize,
+    pub(super) out: Option<PathBuf>,
     peers: Vec<String>,
     /// `kvb --activations` (`q8`: llama.cpp's arithmetic); kvb's default (f32) otherwise.
-    activations: Option<String>,
+    pub(super) activations: Option<String>,
+    /// A real-shaped model with random weights instead of the default model
+    /// ([`super::shape_peers`]), and its quantization.
+    pub(super) model_shape: Option<String>,
+    pub(super) quant: String,
 }
 
 fn parse(args: &[String]) -> Result<Options> {
@@ -43,6 +47,8 @@ fn parse(args: &[String]) -> Result<Options> {
         out: None,
         peers: PEERS.iter().map(|p| p.to_string()).collect(),
         activations: None,
+        model_shape: None,
+        quant: "Q4_K_M".into(),
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -52,6 +58,8 @@ fn parse(args: &[String]) -> Result<Options> {
             "--threads" => o.threads = value()?.parse().context("--threads: a count")?,
             "--out" => o.out = Some(PathBuf::from(value()?)),
             "--activations" => o.activations = Some(value()?.clone()),
+            "--model-shape" => o.model_shape = Some(value()?.clone()),
+            "--quant" => o.quant = value()?.to_ascii_uppercase(),
             "--peers" => {
                 o.peers = value()?.split(',').map(|p| p.trim().to_string()).collect();
                 if let Some(p) = o.peers.iter().find(|p| !PEERS.contains(&p.as_str())) {
@@ -68,13 +76,13 @@ fn parse(args: &[String]) -> Result<Options> {
 }
 
 /// A workload: requests run in order in one process; the last one is timed.
-struct Workload {
-    name: &'static str,
-    title: &'static str,
+pub(super) struct Workload {
+    pub(super) name: &'static str,
+    pub(super) title: &'static str,
     /// Whether its last request follows requests sharing its context (a prompt cache's case).
-    warm: bool,
+    pub(super) warm: bool,
     /// (prompt, tokens to generate).
-    requests: Vec<(String, usize)>,
+    pub(super) requests: Vec<(String, usize)>,
 }
 
 fn workloads(corpus: &Path) -> Result<Vec<Workload>> {
@@ -123,11 +131,11 @@ fn workloads(corpus: &Path) -> Result<Vec<Workload>> {
 }
 
 /// One timed request.
-struct Run {
-    prompt_tokens: usize,
-    ttft_ms: f64,
+pub(super) struct Run {
+    pub(super) prompt_tokens: usize,
+    pub(super) ttft_ms: f64,
     /// Tokens/s after the first token.
-    decode: Option<f64>,
+    pub(super) decode: Option<f64>,
     /// The greedy tokens generated.
     tokens: Vec<u64>,
 }
@@ -152,29 +160,33 @@ impl Run {
 }
 
 /// Medians of a peer's runs per workload, and its peak resident memory.
-struct Measured {
-    runs: BTreeMap<String, Vec<Run>>,
-    peak_rss_bytes: Vec<f64>,
+pub(super) struct Measured {
+    pub(super) runs: BTreeMap<String, Vec<Run>>,
+    pub(super) peak_rss_bytes: Vec<f64>,
     /// For kvb: the K/V pool bytes of the longest workload's request.
-    kv_bytes: Option<f64>,
+    pub(super) kv_bytes: Option<f64>,
+    /// Each process's (or peer's) load time, ms.
+    pub(super) load_ms: Vec<f64>,
+    /// For kvb: the weights it holds and the file's matrices, bytes (its load line).
+    pub(super) weights: Option<(f64, f64)>,
 }
 
 impl Measured {
-    fn ttft(&self, w: &str) -> Option<f64> {
+    pub(super) fn ttft(&self, w: &str) -> Option<f64> {
         let v: Vec<f64> = self.runs.get(w)?.iter().map(|r| r.ttft_ms).collect();
         (!v.is_empty()).then(|| median(&v))
     }
-    fn decode(&self, w: &str) -> Option<f64> {
+    pub(super) fn decode(&self, w: &str) -> Option<f64> {
         let v: Vec<f64> = self.runs.get(w)?.iter().filter_map(|r| r.decode).collect();
         (!v.is_empty()).then(|| median(&v))
     }
-    fn prompt_tokens(&self, w: &str) -> Option<usize> {
+    pub(super) fn prompt_tokens(&self, w: &str) -> Option<usize> {
         self.runs.get(w)?.first().map(|r| r.prompt_tokens)
     }
 }
 
 /// The virtual environment with the peers installed (created and filled on first use).
-fn peer_python() -> Result<PathBuf> {
+pub(super) fn peer_python() -> Result<PathBuf> {
     let dir = std::env::var_os("KVB_PEERS_DIR")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/kvb/peers")))
@@ -212,15 +224,26 @@ fn peer_python() -> Result<PathBuf> {
     Ok(python)
 }
 
-/// kvb: one `kvb replay` process per workload and repetition, `threads` threads.
-fn run_kvb(kvb: &Path, gguf: &Path, o: &Options, ws: &[Workload], raw: &Path) -> Result<Measured> {
+/// kvb: one `kvb replay` process per workload and repetition, `threads` threads, with
+/// `--activations activations` where given.
+pub(super) fn run_kvb(
+    kvb: &Path,
+    gguf: &Path,
+    o: &Options,
+    activations: Option<&str>,
+    ws: &[Workload],
+    raw: &Path,
+) -> Result<Measured> {
     let mut m = Measured {
         runs: BTreeMap::new(),
         peak_rss_bytes: Vec::new(),
         kv_bytes: None,
+        load_ms: Vec::new(),
+        weights: None,
     };
+    let tag = activations.map_or(String::new(), |a| format!("-{a}"));
     for w in ws {
-        let requests = raw.join(format!("kvb-{}.jsonl", w.name));
+        let requests = raw.join(format!("kvb{tag}-{}.jsonl", w.name));
         let lines: Vec<String> = w
             .requests
             .iter()
@@ -234,12 +257,12 @@ fn run_kvb(kvb: &Path, gguf: &Path, o: &Options, ws: &[Workload], raw: &Path) ->
         std::fs::write(&requests, lines.join("\n") + "\n")?;
         for rep in 0..o.reps {
             eprintln!(
-                "bench peers: kvb, {}, repetition {}/{}",
+                "bench peers: kvb{tag}, {}, repetition {}/{}",
                 w.name,
                 rep + 1,
                 o.reps
             );
-            let out = raw.join(format!("kvb-{}-rep{rep}.out.jsonl", w.name));
+            let out = raw.join(format!("kvb{tag}-{}-rep{rep}.out.jsonl", w.name));
             let mut cmd = Command::new(kvb);
             cmd.env("RAYON_NUM_THREADS", o.threads.to_string())
                 .args(["replay", "--model"])
@@ -248,10 +271,21 @@ fn run_kvb(kvb: &Path, gguf: &Path, o: &Options, ws: &[Workload], raw: &Path) ->
                 .arg(&requests)
                 .arg("--out")
                 .arg(&out);
-            if let Some(a) = &o.activations {
+            if let Some(a) = activations {
                 cmd.arg("--activations").arg(a);
             }
-            crate::run(&mut cmd)?;
+            let started = std::time::Instant::now();
+            let done = cmd
+                .stderr(std::process::Stdio::piped())
+                .output()
+                .with_context(|| format!("starting {cmd:?}"))?;
+            let wall_ms = started.elapsed().as_secs_f64() * 1e3;
+            let stderr = String::from_utf8_lossy(&done.stderr);
+            eprint!("{stderr}");
+            if !done.status.success() {
+                bail!("{cmd:?} failed with {}", done.status);
+            }
+            m.weights = m.weights.or(weights_line(&stderr));
             let text = std::fs::read_to_string(&out)?;
             let last: Value = text
                 .lines()
@@ -263,7 +297,17 @@ fn run_kvb(kvb: &Path, gguf: &Path, o: &Options, ws: &[Workload], raw: &Path) ->
             m.runs.entry(w.name.to_string()).or_default().push(run);
             m.peak_rss_bytes
                 .push(last["peak_rss_bytes"].as_f64().context("peak_rss_bytes")?);
-            if w.name == "prefill-2700" {
+            // The process's time before its first request: the load (and its exit, small).
+            if let Some(first) = text
+                .lines()
+                .next()
+                .and_then(|l| serde_json::from_str::<Value>(l).ok())
+            {
+                let served = last["finished_ms"].as_f64().unwrap_or(0.0)
+                    - first["started_ms"].as_f64().unwrap_or(0.0);
+                m.load_ms.push(wall_ms - served);
+            }
+            if w.name == "prefill-2700" || w.name == "prefill-2048" {
                 let pool = &last["pool"];
                 let blocks = pool["peak_blocks_used"].as_f64().unwrap_or(0.0);
                 m.kv_bytes = Some(blocks * pool["block_bytes"].as_f64().unwrap_or(0.0));
@@ -273,8 +317,24 @@ fn run_kvb(kvb: &Path, gguf: &Path, o: &Options, ws: &[Workload], raw: &Path) ->
     Ok(m)
 }
 
+/// kvb's load line, `weights: H MB (...; the file's matrices: F MB)`: (H, F) in bytes (F is H
+/// where the line has no file figure).
+pub(super) fn weights_line(stderr: &str) -> Option<(f64, f64)> {
+    let line = stderr.lines().find(|l| l.starts_with("weights: "))?;
+    let mb = |after: &str| -> Option<f64> {
+        let rest = &line[line.find(after)? + after.len()..];
+        rest.split_whitespace()
+            .next()?
+            .parse::<f64>()
+            .ok()
+            .map(|v| v * 1e6)
+    };
+    let held = mb("weights: ")?;
+    Some((held, mb("the file's matrices: ").unwrap_or(held)))
+}
+
 /// A peer: one `peers.py` process running every workload `reps` times.
-fn run_peer(python: &Path, peer: &str, job: &Path, raw: &Path) -> Result<Measured> {
+pub(super) fn run_peer(python: &Path, peer: &str, job: &Path, raw: &Path) -> Result<Measured> {
     let out = raw.join(format!("{peer}.json"));
     crate::run(
         Command::new(python)
@@ -289,7 +349,12 @@ fn run_peer(python: &Path, peer: &str, job: &Path, raw: &Path) -> Result<Measure
         runs: BTreeMap::new(),
         peak_rss_bytes: v["peak_rss_bytes"].as_f64().into_iter().collect(),
         kv_bytes: None,
+        load_ms: Vec::new(),
+        weights: None,
     };
+    for l in v["load_ms"].as_array().into_iter().flatten() {
+        m.load_ms.extend(l.as_f64());
+    }
     for r in v["runs"].as_array().context("peers.py: runs")? {
         let w = r["workload"].as_str().context("peers.py: workload")?;
         let run = Run::from_json(r, "tokens").context("a peers.py record")?;
@@ -301,6 +366,9 @@ fn run_peer(python: &Path, peer: &str, job: &Path, raw: &Path) -> Result<Measure
 /// `cargo xtask bench peers`.
 pub fn run(args: &[String], kvb: &Path) -> Result<()> {
     let o = parse(args)?;
+    if let Some(shape) = &o.model_shape {
+        return super::shape_peers::run(&o, shape, kvb);
+    }
     let models = std::env::var_os("KVB_MODELS_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("models"));
@@ -326,8 +394,10 @@ pub fn run(args: &[String], kvb: &Path) -> Result<()> {
     });
     std::fs::write(&job, serde_json::to_string_pretty(&job_json)?)?;
 
-    let mut measured: Vec<(String, Measured)> =
-        vec![("kvb".into(), run_kvb(kvb, &gguf, &o, &ws, &raw)?)];
+    let mut measured: Vec<(String, Measured)> = vec![(
+        "kvb".into(),
+        run_kvb(kvb, &gguf, &o, o.activations.as_deref(), &ws, &raw)?,
+    )];
     for peer in &o.peers {
         eprintln!("bench peers: {peer} ({} repetitions)", o.reps);
         measured.push((peer.clone(), run_peer(&python, peer, &job, &raw)?));
@@ -516,6 +586,8 @@ mod tests {
                 .collect(),
             peak_rss_bytes: vec![peak],
             kv_bytes: Some(100e6),
+            load_ms: vec![1000.0],
+            weights: None,
         }
     }
 

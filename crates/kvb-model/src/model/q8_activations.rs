@@ -57,8 +57,8 @@ impl<B: ModelBackend> LinearWeight<B> {
         }
     }
 
-    /// The weight with packed integer parts re-laid out for 8-bit activations; others (f32,
-    /// 16-bit floats, Q6_K) unchanged.
+    /// The weight with packed integer parts taken for 8-bit activations (re-laid out, or
+    /// K-quant cells shared as loaded); others (f32, 16-bit floats) unchanged.
     fn with_q8_activations(self) -> Self {
         use super::int8::IntDotMatrix;
         use std::sync::Arc;
@@ -145,8 +145,8 @@ impl<B: ModelBackend> Model<B> {
         }
         if !self.takes_q8_activations() {
             return Err(ModelError::Unsupported(
-                "8-bit activations with weights that are not integers in blocks of 32 (Q4_0, \
-                 Q4_1, Q8_0, Q4_K, Q5_K); add --weights q8_0 to quantize float weights"
+                "8-bit activations with weights that are not integers in blocks (Q4_0, Q4_1, \
+                 Q8_0, Q4_K, Q5_K, Q6_K); add --weights q8_0 to quantize float weights"
                     .into(),
             ));
         }

@@ -10,9 +10,13 @@
 //!
 //! A group's blocks are consecutive and groups follow one another, so a product reads a range
 //! of columns as one stream. Same bytes per weight as [`PackedMatrix`].
+//!
+//! K-quant cells (Q4_K, Q5_K, Q6_K) are not re-laid out: their products read the cells as
+//! loaded, at the file's bits ([`super::kcells`]), and the matrix shares them.
 
 use super::{BLOCK, LANES};
 use crate::packed::{CellValues, PackedMatrix};
+use std::sync::Arc;
 
 /// Bytes of a block's scales and offsets.
 pub(super) const HEAD: usize = 2 * LANES * 4;
@@ -28,6 +32,8 @@ pub struct IntDotMatrix {
     pub(super) n: usize,
     data: Vec<u8>,
     source: &'static str,
+    /// K-quant cells, shared with the packed weight, in place of `data`.
+    pub(super) kcells: Option<Arc<PackedMatrix>>,
 }
 
 impl std::fmt::Debug for IntDotMatrix {
@@ -44,16 +50,29 @@ impl std::fmt::Debug for IntDotMatrix {
 }
 
 impl IntDotMatrix {
-    /// Whether [`IntDotMatrix::from_packed`] takes `p`: integers sharing a scale per 32 rows
-    /// (not Q6_K's 16).
+    /// Whether [`IntDotMatrix::from_packed`] takes `p`: integers sharing a scale per 32 rows,
+    /// or K-quant cells (whose Q6_K sub-blocks share one per 16).
     pub fn takes(p: &PackedMatrix) -> bool {
-        p.cell_values().is_integer() && p.cell_values().sub_rows(p.cell_rows()) == BLOCK
+        let values = p.cell_values();
+        values.is_k_quant() || values.is_integer() && values.sub_rows(p.cell_rows()) == BLOCK
     }
 
-    /// `p` re-laid out, or `None` where [`IntDotMatrix::takes`] does not take it.
-    pub fn from_packed(p: &PackedMatrix) -> Option<Self> {
+    /// `p` re-laid out (K-quant cells: shared as they are), or `None` where
+    /// [`IntDotMatrix::takes`] does not take it.
+    pub fn from_packed(p: &Arc<PackedMatrix>) -> Option<Self> {
         if !Self::takes(p) {
             return None;
+        }
+        if p.cell_values().is_k_quant() {
+            return Some(IntDotMatrix {
+                nibbles: false,
+                has_offsets: false,
+                k: p.k(),
+                n: p.n(),
+                data: Vec::new(),
+                source: p.source(),
+                kcells: Some(p.clone()),
+            });
         }
         let nibbles = matches!(p.cell_values(), CellValues::Nibbles | CellValues::Q4K);
         let (k, n) = (p.k(), p.n());
@@ -65,6 +84,7 @@ impl IntDotMatrix {
             n,
             data: vec![0; n.div_ceil(LANES) * blocks * Self::block_bytes_of(nibbles)],
             source: p.source(),
+            kcells: None,
         };
         let mut q = [0i16; BLOCK];
         for j in 0..n {
@@ -137,6 +157,9 @@ impl IntDotMatrix {
     /// Column `j` (a token's embedding when the matrix is a tied embedding) as f32: the values
     /// [`PackedMatrix::column`] gives (`q * scale + offset`, the product exact).
     pub fn column(&self, j: usize) -> Vec<f32> {
+        if let Some(p) = &self.kcells {
+            return p.column(j);
+        }
         let mut out = Vec::with_capacity(self.k);
         for b in 0..self.k / BLOCK {
             let (scale, offset, q) = self.stored(j, b);
@@ -157,7 +180,7 @@ impl IntDotMatrix {
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        self.data.len()
+        self.kcells.as_ref().map_or(self.data.len(), |p| p.bytes())
     }
 
     /// What the values were packed from (`q4_1`, `q8_0` ...).

@@ -20,9 +20,11 @@
 //! the same bits, and a sequence decoded in a batch of 16 gets what it gets alone (`tests`).
 //!
 //! Weights: every [`crate::packed::PackedMatrix`] of integer cells of 32 rows (Q4_0, Q4_1, Q8_0,
-//! Q4_K, Q5_K, and `--weights q8_0`), re-laid out for `vpdpbusd` ([`IntDotMatrix`]). Others
-//! (16-bit floats, Q6_K's 16-weight sub-blocks, f32) keep the f32 products.
+//! and `--weights q8_0`), re-laid out for `vpdpbusd` ([`IntDotMatrix`]), and K-quant cells
+//! (Q4_K, Q5_K, Q6_K) as loaded, at the file's bits ([`kcells`]). Others (16-bit floats, f32)
+//! keep the f32 products.
 
+mod kcells;
 mod matrix;
 mod products;
 mod rows;
@@ -31,6 +33,8 @@ mod rows;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod kcells_x86;
 
 pub use matrix::IntDotMatrix;
 pub use products::{kernel_name, matmul};

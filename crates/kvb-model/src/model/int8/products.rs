@@ -95,6 +95,9 @@ pub fn matmul(x: &[f32], m: usize, w: &IntDotMatrix) -> Vec<f32> {
 /// `y = a · w` with `kernel`.
 pub(super) fn matmul_quantized(a: &QuantizedRows, w: &IntDotMatrix, kernel: Kernel) -> Vec<f32> {
     assert_eq!(a.k, w.k, "int8 matmul: the rows' width is not the weight's");
+    if let Some(cells) = &w.kcells {
+        return super::kcells::matmul(a, cells, kernel);
+    }
     let (m, n) = (a.m, w.n);
     // Several tasks per thread so that uneven cores even out, whole groups each.
     let tasks = 4 * rayon::current_num_threads();
@@ -113,6 +116,9 @@ pub(super) fn columns(
     cols: usize,
     tile: &mut [f32],
 ) {
+    if let Some(cells) = &w.kcells {
+        return super::kcells::columns(a, cells, kernel, j0, cols, tile);
+    }
     let (g0, g1) = (j0 / LANES, (j0 + cols).div_ceil(LANES));
     let mut out = [0f32; MAX_TILE_ROWS * LANES];
     for p0 in (0..a.m).step_by(ROWS_PER_PASS) {

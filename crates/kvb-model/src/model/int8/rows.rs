@@ -5,6 +5,9 @@ use super::products::Kernel;
 use super::BLOCK;
 use rayon::prelude::*;
 
+/// Values per sum in [`QuantizedRows::sums16`].
+const HALF: usize = BLOCK / 2;
+
 /// Rows per parallel task when quantizing many rows (a prefill): enough to amortise rayon.
 const ROWS_PER_TASK: usize = 32;
 
@@ -23,6 +26,9 @@ pub struct QuantizedRows {
     /// `[m, k / 32]`: -128 times the sum of the block's integers, the correction for weights
     /// stored as unsigned bytes `q + 128` (see [`super::IntDotMatrix`]).
     pub(super) unsigned_correction: Vec<i32>,
+    /// `[m, k / 16]`: the sum of each 16 integers (Q6_K's sub-blocks take their bias of 32
+    /// off with it, [`super::kcells`]).
+    pub(super) sums16: Vec<i32>,
 }
 
 impl QuantizedRows {
@@ -41,6 +47,7 @@ impl QuantizedRows {
             scale: vec![0.0; m * blocks],
             scaled_sum: vec![0.0; m * blocks],
             unsigned_correction: vec![0; m * blocks],
+            sums16: vec![0; m * k / HALF],
         };
         // Chosen once per call, with the products' kernel (whose CPU has its instructions).
         let kernel = Kernel::detect();
@@ -64,6 +71,15 @@ impl QuantizedRows {
             )
             .with_min_len(ROWS_PER_TASK)
             .for_each(rows);
+        out.sums16
+            .par_chunks_mut(k / HALF)
+            .zip(out.q.par_chunks(k))
+            .with_min_len(ROWS_PER_TASK)
+            .for_each(|(sums, q)| {
+                for (s, q) in sums.iter_mut().zip(q.chunks_exact(HALF)) {
+                    *s = q.iter().map(|&v| v as i32).sum();
+                }
+            });
         out
     }
 

@@ -4,10 +4,12 @@ use super::products::{columns, matmul_quantized, Kernel};
 use super::{IntDotMatrix, QuantizedRows, BLOCK};
 use crate::model::test_values::{packed_matrix, spread};
 use proptest::prelude::*;
+use std::sync::Arc;
 
-/// The integer formats of 32-row runs [`packed_matrix`] builds: 0 Q8_0 (8-bit, no offsets),
-/// 1 Q4_1 (4-bit with offsets), 5 Q4_K (4-bit K-quant cells), 6 Q5_K (5-bit values).
-const INTEGER_FORMATS: [usize; 4] = [0, 1, 5, 6];
+/// The integer formats [`packed_matrix`] builds: 0 Q8_0 (8-bit, no offsets), 1 Q4_1 (4-bit
+/// with offsets), and K-quant cells as loaded: 5 Q4_K, 6 Q5_K (5-bit values), 2 Q6_K (6-bit
+/// signed values, 16-row sub-blocks).
+const INTEGER_FORMATS: [usize; 5] = [0, 1, 5, 6, 2];
 
 /// The exact product of `a`'s dequantized rows and `w`'s values, in f64.
 fn exact(a: &QuantizedRows, w: &IntDotMatrix) -> Vec<f64> {
@@ -31,7 +33,7 @@ fn operands(
     seed: u32,
 ) -> (IntDotMatrix, Vec<f32>, usize) {
     let (packed, k) = packed_matrix(INTEGER_FORMATS[format], blocks_per_row, n, seed);
-    let w = IntDotMatrix::from_packed(&packed).expect("integer cells of 32");
+    let w = IntDotMatrix::from_packed(&Arc::new(packed)).expect("integer cells");
     let x = (0..m * k).map(|i| spread(i, seed, 70.0)).collect();
     (w, x, k)
 }
@@ -92,7 +94,8 @@ proptest! {
         blocks_per_row in 1usize..6, n in 1usize..40, format in 0usize..INTEGER_FORMATS.len(), seed in 0u32..1000,
     ) {
         let (packed, _) = packed_matrix(INTEGER_FORMATS[format], blocks_per_row, n, seed);
-        let w = IntDotMatrix::from_packed(&packed).expect("integer cells of 32");
+        let packed = Arc::new(packed);
+        let w = IntDotMatrix::from_packed(&packed).expect("integer cells");
         for j in 0..n {
             let (got, want) = (w.column(j), packed.column(j));
             prop_assert_eq!(got.len(), want.len());
@@ -122,21 +125,36 @@ proptest! {
     }
 }
 
-/// Half-precision and 16-row cells are not taken (they keep the f32 products); integer cells
-/// of 32 are.
+/// Half-precision cells are not taken (they keep the f32 products); integer cells are.
 #[test]
-fn float_and_16_row_cells_are_declined() {
-    for format in [2, 3, 4] {
+fn float_cells_are_declined() {
+    for format in [3, 4] {
         let (packed, _) = packed_matrix(format, 8, 24, 1);
         assert!(!IntDotMatrix::takes(&packed), "format {format}");
         assert!(
-            IntDotMatrix::from_packed(&packed).is_none(),
+            IntDotMatrix::from_packed(&Arc::new(packed)).is_none(),
             "format {format}"
         );
     }
     for format in INTEGER_FORMATS {
         let (packed, _) = packed_matrix(format, 8, 24, 1);
         assert!(IntDotMatrix::takes(&packed), "format {format}");
+    }
+}
+
+/// K-quant cells are read as loaded: the 8-bit matrix holds no bytes of its own beside them.
+#[test]
+fn k_quant_cells_are_shared_not_copied() {
+    for format in [5, 6, 2] {
+        let (packed, _) = packed_matrix(format, 16, 24, 3);
+        let packed = Arc::new(packed);
+        let w = IntDotMatrix::from_packed(&packed).expect("K-quant cells");
+        assert_eq!(w.bytes(), packed.bytes(), "format {format}");
+        assert!(
+            w.kcells.as_ref().is_some_and(|c| Arc::ptr_eq(c, &packed)),
+            "format {format}"
+        );
+        assert_eq!(Arc::strong_count(&packed), 2, "format {format}");
     }
 }
 

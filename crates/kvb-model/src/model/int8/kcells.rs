@@ -1,0 +1,155 @@
+//! 8-bit activation products over K-quant cells as loaded (Q4_K, Q5_K, Q6_K at the file's
+//! bits, [`crate::packed::kcells`]): no second copy of the weights, and the decode step streams
+//! what the file holds.
+//!
+//! The arithmetic, per output and in this order: starting from zero, for each sub-block `s` of
+//! each cell (32 rows; Q6_K 16), with `b` the activation block holding it,
+//! `y = fma(isum_s as f32, scale_s * dx_b, y)`, then for Q4_K and Q5_K
+//! `y = fma(offset_s, sx_b, y)`; `isum_s` is the exact integer dot product of the sub-block's
+//! values (Q6_K's signed, `q - 32`) with the row's 8-bit integers. For Q4_K and Q5_K these are
+//! the steps of the re-laid-out matrices' products ([`super::products`]), so the bits are theirs.
+//! [`portable`] is the definition; the x86 kernels ([`super::kcells_x86`]) give its bits.
+
+use super::products::Kernel;
+use super::{QuantizedRows, BLOCK};
+use crate::model::few_rows::in_column_ranges;
+use crate::packed::kcells::{parts, Layout, ROWS};
+use crate::packed::{CellValues, PackedMatrix, GROUP};
+
+/// Rows one kernel call keeps in registers at most (AVX-512's 32 registers: a sum and an
+/// output per row).
+pub(super) const MAX_TILE_ROWS: usize = 8;
+/// Rows a task runs over each group before the next: the group's cells stay in L1 and L2
+/// between the row tiles.
+const ROWS_PER_PASS: usize = 64;
+
+/// `y [m, n] = a · w` for K-quant cells `w`, with `kernel`.
+pub(super) fn matmul(a: &QuantizedRows, w: &PackedMatrix, kernel: Kernel) -> Vec<f32> {
+    assert!(
+        w.cell_values().is_k_quant(),
+        "int8 K-quant products of {}",
+        w.source()
+    );
+    let (m, n) = (a.m, w.n());
+    // Several tasks per thread so that uneven cores even out, whole groups each.
+    let tasks = 4 * rayon::current_num_threads();
+    let width = n.div_ceil(GROUP).div_ceil(tasks).max(1) * GROUP;
+    in_column_ranges(m, n, width, |j0, cols, tile| {
+        columns(a, w, kernel, j0, cols, tile)
+    })
+}
+
+/// Columns `j0..j0 + cols` (`j0` a multiple of 8) of `y` into `tile` (`[m, cols]`).
+pub(super) fn columns(
+    a: &QuantizedRows,
+    w: &PackedMatrix,
+    kernel: Kernel,
+    j0: usize,
+    cols: usize,
+    tile: &mut [f32],
+) {
+    assert_eq!(
+        a.k,
+        w.k(),
+        "int8 matmul: the rows' width is not the weight's"
+    );
+    let kernel = usable(kernel);
+    let (g0, g1) = (j0 / GROUP, (j0 + cols).div_ceil(GROUP));
+    let step = tile_rows(kernel);
+    let mut out = [0f32; MAX_TILE_ROWS * GROUP];
+    for p0 in (0..a.m).step_by(ROWS_PER_PASS) {
+        let p1 = (p0 + ROWS_PER_PASS).min(a.m);
+        for g in g0..g1 {
+            for r0 in (p0..p1).step_by(step) {
+                let rows = step.min(p1 - r0);
+                match kernel {
+                    Kernel::Portable => portable(a, r0, rows, w, g, &mut out),
+                    // SAFETY: `Kernel::detect` (or `supported`) found AVX2, FMA and F16C for
+                    // these kernels (and AVX-512 VL and VNNI for `Vnni512`); rows are `a`'s,
+                    // at most `tile_rows`; `g` is a group of `w`.
+                    #[cfg(target_arch = "x86_64")]
+                    _ => unsafe { super::kcells_x86::tile(kernel, a, r0, rows, w, g, &mut out) },
+                }
+                let first = (g - g0) * GROUP;
+                let width = GROUP.min(cols - first);
+                for r in 0..rows {
+                    let at = (r0 + r) * cols + first;
+                    tile[at..at + width].copy_from_slice(&out[r * GROUP..r * GROUP + width]);
+                }
+            }
+        }
+    }
+}
+
+/// `kernel`, or the next one down where this CPU lacks what its K-quant version also needs
+/// (F16C for both, AVX-512 VL for VNNI's 8-lane form).
+fn usable(kernel: Kernel) -> Kernel {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if !has!("f16c") {
+            return Kernel::Portable;
+        }
+        if kernel == Kernel::Vnni512 && !has!("avx512vl") {
+            return Kernel::Avx2;
+        }
+    }
+    kernel
+}
+
+/// Rows per kernel call: 16 vector registers hold 4 rows' sums, 32 hold 8.
+fn tile_rows(kernel: Kernel) -> usize {
+    match kernel {
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx2 => 4,
+        _ => MAX_TILE_ROWS,
+    }
+}
+
+/// The definition: rows `r0..r0 + rows` of `a` against group `g`'s 8 columns, into `out` (row
+/// `r`'s lanes at `r * 8`), in the module's steps. Each sub-block's columns are decoded once
+/// for all the rows.
+pub(super) fn portable(
+    a: &QuantizedRows,
+    r0: usize,
+    rows: usize,
+    w: &PackedMatrix,
+    g: usize,
+    out: &mut [f32],
+) {
+    let values = w.cell_values();
+    let (sub, q6) = (Layout::of(values).sub_rows, values == CellValues::Q6K);
+    let cell_bytes = values.cell_bytes(ROWS);
+    let cells = w.group_cells(g);
+    let blocks = a.k / BLOCK;
+    let mut y = [[0f32; GROUP]; MAX_TILE_ROWS];
+    for (c, cell) in cells.chunks_exact(cell_bytes).enumerate() {
+        for s in 0..ROWS / sub {
+            let mut q = [[0i32; BLOCK]; GROUP];
+            let (mut scale, mut offset) = ([0f32; GROUP], [0f32; GROUP]);
+            for (lane, q) in q.iter_mut().enumerate() {
+                for (r, q) in q.iter_mut().take(sub).enumerate() {
+                    let (v, sc, off) = parts(values, cell, s * sub + r, lane);
+                    (*q, scale[lane], offset[lane]) = (v, sc, off);
+                }
+            }
+            let row0 = c * ROWS + s * sub;
+            for (i, y) in y.iter_mut().enumerate().take(rows) {
+                let row = r0 + i;
+                let x = &a.q[row * a.k + row0..][..sub];
+                let at = row * blocks + row0 / BLOCK;
+                let (dx, sx) = (a.scale[at], a.scaled_sum[at]);
+                for lane in 0..GROUP {
+                    let isum: i32 = q[lane].iter().zip(x).map(|(&q, &x)| q * x as i32).sum();
+                    y[lane] = (isum as f32).mul_add(scale[lane] * dx, y[lane]);
+                    if !q6 {
+                        y[lane] = offset[lane].mul_add(sx, y[lane]);
+                    }
+                }
+            }
+        }
+    }
+    for (r, y) in y.iter().enumerate().take(rows) {
+        out[r * GROUP..(r + 1) * GROUP].copy_from_slice(y);
+    }
+}

@@ -1,0 +1,245 @@
+//! The x86 kernels of [`super::kcells`]: one group's 8 columns, a cell's values decoded once per
+//! tile of rows.
+//!
+//! A cell stores row pairs as the nibbles of one byte per lane, 8 lanes side by side
+//! ([`crate::packed::kcells`]). Two unpacks (bytes, then 16-bit pairs) turn 32 such bytes,
+//! 8 rows of 8 lanes, into 4 consecutive rows per 32-bit lane, and two 128-bit permutes put
+//! rows 0-3 of the 8 lanes in one register and rows 4-7 in another. Each takes one broadcast
+//! of the row's 4 activation bytes, and one byte dot product adds 4 rows per lane:
+//! AVX-512 VNNI's `vpdpbusd` on 8 lanes, or AVX2's `vpmaddubsw` and `vpmaddwd` (values at
+//! most 63 times bytes at most 127: no pair saturates). Q5_K's fifth bits and Q6_K's top
+//! pairs shift into place by a variable shift per 64-bit quarter. The integer sums are exact,
+//! and the float steps are [`super::kcells::portable`]'s, so the bits are the same.
+
+use super::kcells::MAX_TILE_ROWS;
+use super::products::Kernel;
+use super::{QuantizedRows, BLOCK};
+use crate::packed::kcells::{of_kind, Layout, KIND_Q4K, KIND_Q5K, KIND_Q6K, ROWS};
+use crate::packed::{CellValues, PackedMatrix, GROUP};
+use std::arch::x86_64::*;
+
+/// Rows `r0..r0 + rows` of `a` against group `g` of `w` (K-quant cells), into `out` (row `r`'s
+/// 8 lanes at `r * 8`).
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C, and for [`Kernel::Vnni512`] AVX-512 VL and VNNI; `a` holds
+/// rows `r0..r0 + rows` (1 to 4 for AVX2, to 8 for VNNI) of width `w.k()`; `g` is a group of `w`.
+pub(super) unsafe fn tile(
+    kernel: Kernel,
+    a: &QuantizedRows,
+    r0: usize,
+    rows: usize,
+    w: &PackedMatrix,
+    g: usize,
+    out: &mut [f32],
+) {
+    let limit = if kernel == Kernel::Vnni512 {
+        MAX_TILE_ROWS
+    } else {
+        4
+    };
+    assert!(
+        (1..=limit).contains(&rows)
+            && r0 + rows <= a.m
+            && a.k == w.k()
+            && g < w.n().div_ceil(GROUP)
+            && out.len() >= rows * GROUP
+            && w.cell_values().is_k_quant()
+    );
+    let cells = w.group_cells(g).as_ptr();
+    macro_rules! run {
+        ($f:ident: $($r:literal)*) => {
+            match (rows, crate::packed::kcells::kind(w.cell_values())) {
+                $(
+                    ($r, KIND_Q4K) => $f::<$r, KIND_Q4K>(a, r0, cells, out),
+                    ($r, KIND_Q5K) => $f::<$r, KIND_Q5K>(a, r0, cells, out),
+                    ($r, KIND_Q6K) => $f::<$r, KIND_Q6K>(a, r0, cells, out),
+                )*
+                _ => unreachable!("rows checked above"),
+            }
+        };
+    }
+    if kernel == Kernel::Vnni512 {
+        run!(run_vnni: 1 2 3 4 5 6 7 8)
+    } else {
+        run!(run_avx2: 1 2 3 4)
+    }
+}
+
+/// Cells ahead whose lines a kernel asks for while it works on one, a few per sub-block: a
+/// decode step's weights come from memory, and the hardware prefetchers alone kept these
+/// kernels at about half the machine's bandwidth.
+const AHEAD: usize = 2;
+
+/// The 8 bytes at `p`, zero- or sign-extended to i32 lanes.
+#[inline(always)]
+unsafe fn bytes(p: *const u8, signed: bool) -> __m256i {
+    let raw = _mm_loadl_epi64(p as *const __m128i);
+    if signed {
+        _mm256_cvtepi8_epi32(raw)
+    } else {
+        _mm256_cvtepu8_epi32(raw)
+    }
+}
+
+/// AVX2's byte dot product: 4 products per i32 lane added to `acc`.
+macro_rules! dot_avx2 {
+    ($acc:expr, $w:expr, $x:expr, $ones:expr) => {
+        _mm256_add_epi32($acc, _mm256_madd_epi16(_mm256_maddubs_epi16($w, $x), $ones))
+    };
+}
+
+/// VNNI's: the same sum in one instruction.
+macro_rules! dot_vnni {
+    ($acc:expr, $w:expr, $x:expr, $ones:expr) => {{
+        let _ = $ones;
+        _mm256_dpbusd_epi32($acc, $w, $x)
+    }};
+}
+
+/// The kernel's body, with `$dot` the byte dot product.
+macro_rules! body {
+    ($dot:ident, $R:ident, $K:ident, $a:ident, $r0:ident, $cells:ident, $out:ident) => {{
+        let values = of_kind($K);
+        let at = Layout::of(values);
+        let q6 = values == CellValues::Q6K;
+        let cell_bytes = values.cell_bytes(ROWS);
+        let (k, blocks, halves) = ($a.k, $a.k / BLOCK, $a.k / (BLOCK / 2));
+        let low = _mm256_set1_epi8(0x0f);
+        let ones = _mm256_set1_epi16(1);
+        let (fifth, top) = (_mm256_set1_epi8(0x10), _mm256_set1_epi8(0x30));
+        // Per 64-bit quarter (row pair p..p + 4 of 8 rows), where its even row's high bits sit.
+        let q5_shift = _mm256_setr_epi64x(0, 2, 4, 6);
+        let q6_shift = _mm256_setr_epi64x(0, 4, 0, 4);
+        let sign = _mm256_set1_ps(-0.0);
+        let x = $a.q.as_ptr().add($r0 * k) as *const u8;
+        let mut y = [_mm256_setzero_ps(); $R];
+        let subs = ROWS / at.sub_rows;
+        let lines_per_sub = cell_bytes.div_ceil(64).div_ceil(subs);
+        for c in 0..k / ROWS {
+            let cell = $cells.add(c * cell_bytes);
+            // Past the last cell this is the next group's (or beyond: a prefetch never faults).
+            let ahead = cell.wrapping_add(AHEAD * cell_bytes);
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(cell as *const __m128i));
+            let dmin = _mm256_cvtph_ps(_mm_loadu_si128(cell.add(at.dmin) as *const __m128i));
+            for s in 0..subs {
+                for line in s * lines_per_sub..(s + 1) * lines_per_sub {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line * 64) as *const i8);
+                }
+                let scale = _mm256_mul_ps(
+                    d,
+                    _mm256_cvtepi32_ps(bytes(cell.add(at.sc + s * GROUP), q6)),
+                );
+                let offset = if q6 {
+                    sign
+                } else {
+                    let m = _mm256_cvtepi32_ps(bytes(cell.add(at.m + s * GROUP), false));
+                    _mm256_xor_ps(_mm256_mul_ps(dmin, m), sign)
+                };
+                let mut first = [_mm256_setzero_si256(); $R];
+                let mut last = [_mm256_setzero_si256(); $R];
+                for run in 0..at.sub_rows / 8 {
+                    let r8 = s * at.sub_rows + run * 8;
+                    let v =
+                        _mm256_loadu_si256(cell.add(at.nibbles + r8 / 2 * GROUP) as *const __m256i);
+                    let mut lo = _mm256_and_si256(v, low);
+                    let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
+                    match values {
+                        CellValues::Q5K => {
+                            let h = _mm256_set1_epi64x(
+                                (cell.add(at.high + r8) as *const i64).read_unaligned(),
+                            );
+                            let hl = _mm256_srlv_epi64(h, q5_shift);
+                            let hh = _mm256_srli_epi64::<1>(hl);
+                            lo = _mm256_or_si256(
+                                lo,
+                                _mm256_and_si256(_mm256_slli_epi16::<4>(hl), fifth),
+                            );
+                            hi = _mm256_or_si256(
+                                hi,
+                                _mm256_and_si256(_mm256_slli_epi16::<4>(hh), fifth),
+                            );
+                        }
+                        CellValues::Q6K => {
+                            let pair = _mm_loadu_si128(
+                                cell.add(at.high + r8 / 4 * GROUP) as *const __m128i
+                            );
+                            let h = _mm256_permute4x64_epi64::<0b01_01_00_00>(
+                                _mm256_castsi128_si256(pair),
+                            );
+                            let hl = _mm256_srlv_epi64(h, q6_shift);
+                            let hh = _mm256_srli_epi64::<2>(hl);
+                            lo = _mm256_or_si256(
+                                lo,
+                                _mm256_and_si256(_mm256_slli_epi16::<4>(hl), top),
+                            );
+                            hi = _mm256_or_si256(
+                                hi,
+                                _mm256_and_si256(_mm256_slli_epi16::<4>(hh), top),
+                            );
+                        }
+                        _ => {}
+                    }
+                    // Rows (r, r + 1) per 16 bits, then rows r..r + 4 per 32 bits (lanes 0-3 and
+                    // 4-7 apart), then lanes 0-7 of rows 0-3 and of rows 4-7.
+                    let (pa, pb) = (_mm256_unpacklo_epi8(lo, hi), _mm256_unpackhi_epi8(lo, hi));
+                    let (w03, w47) = (_mm256_unpacklo_epi16(pa, pb), _mm256_unpackhi_epi16(pa, pb));
+                    let rows03 = _mm256_permute2x128_si256::<0x20>(w03, w47);
+                    let rows47 = _mm256_permute2x128_si256::<0x31>(w03, w47);
+                    for i in 0..$R {
+                        let at = x.add(i * k + c * ROWS + r8) as *const i32;
+                        let x03 = _mm256_set1_epi32(at.read_unaligned());
+                        let x47 = _mm256_set1_epi32(at.add(1).read_unaligned());
+                        first[i] = $dot!(first[i], rows03, x03, ones);
+                        // Two chains for few rows; with more, the rows' chains overlap and one
+                        // sum per row leaves registers for more rows.
+                        if $R < 4 {
+                            last[i] = $dot!(last[i], rows47, x47, ones);
+                        } else {
+                            first[i] = $dot!(first[i], rows47, x47, ones);
+                        }
+                    }
+                }
+                let row0 = c * ROWS + s * at.sub_rows;
+                for i in 0..$R {
+                    let mut isum = _mm256_add_epi32(first[i], last[i]);
+                    if q6 {
+                        let sum = *$a.sums16.get_unchecked(($r0 + i) * halves + row0 / 16);
+                        isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(32 * sum));
+                    }
+                    let b = ($r0 + i) * blocks + row0 / BLOCK;
+                    let dx = _mm256_set1_ps(*$a.scale.get_unchecked(b));
+                    y[i] =
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(scale, dx), y[i]);
+                    if !q6 {
+                        let sx = _mm256_set1_ps(*$a.scaled_sum.get_unchecked(b));
+                        y[i] = _mm256_fmadd_ps(offset, sx, y[i]);
+                    }
+                }
+            }
+        }
+        for (i, y) in y.iter().enumerate() {
+            _mm256_storeu_ps($out.as_mut_ptr().add(i * GROUP), *y);
+        }
+    }};
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn run_avx2<const R: usize, const K: u8>(
+    a: &QuantizedRows,
+    r0: usize,
+    cells: *const u8,
+    out: &mut [f32],
+) {
+    body!(dot_avx2, R, K, a, r0, cells, out)
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+unsafe fn run_vnni<const R: usize, const K: u8>(
+    a: &QuantizedRows,
+    r0: usize,
+    cells: *const u8,
+    out: &mut [f32],
+) {
+    body!(dot_vnni, R, K, a, r0, cells, out)
+}
