@@ -3,7 +3,7 @@
 //! with the product exact, or widen a 16-bit float (exact), so they agree bit for bit (see the
 //! parent module).
 
-use super::{kcells, CellValues, GROUP};
+use super::{kcells, CellValues, Scales, GROUP};
 
 /// Row `r`, lane `lane` of `cell` as f32.
 pub(super) fn value(values: CellValues, cell: &[u8], r: usize, lane: usize) -> f32 {
@@ -11,17 +11,20 @@ pub(super) fn value(values: CellValues, cell: &[u8], r: usize, lane: usize) -> f
         let (q, scale, offset) = kcells::parts(values, cell, r, lane);
         return q as f32 * scale + offset;
     }
-    let f = |o: usize| f32::from_le_bytes([cell[o], cell[o + 1], cell[o + 2], cell[o + 3]]);
     let v = &cell[values.head_bytes()..];
     let half = || [v[(r * GROUP + lane) * 2], v[(r * GROUP + lane) * 2 + 1]];
-    let q = match values {
-        CellValues::Nibbles => ((v[r / 2 * GROUP + lane] >> (4 * (r % 2))) & 0x0f) as f32,
-        CellValues::Bytes => v[r * GROUP + lane] as i8 as f32,
+    let (q, scales) = match values {
+        CellValues::Nibbles(s) => (
+            ((v[r / 2 * GROUP + lane] >> (4 * (r % 2))) & 0x0f) as f32,
+            s,
+        ),
+        CellValues::Bytes(s) => (v[r * GROUP + lane] as i8 as f32, s),
         CellValues::Bf16 => return half::bf16::from_le_bytes(half()).to_f32(),
         CellValues::F16 => return half::f16::from_le_bytes(half()).to_f32(),
         CellValues::Q4K | CellValues::Q5K | CellValues::Q6K => unreachable!("read above"),
     };
-    q * f(lane * 4) + f(GROUP * 4 + lane * 4)
+    let (scale, offset) = scales.read(cell, lane);
+    q * scale + offset
 }
 
 /// Writes the 8 columns of `cells` (consecutive cells of `cell_rows` rows, of one group) into
@@ -127,8 +130,27 @@ fn portable(values: CellValues, rows: usize, cell: &[u8], out: &mut [f32], strid
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
-    use super::{CellValues, GROUP};
+    use super::{CellValues, Scales, GROUP};
     use std::arch::x86_64::*;
+
+    /// The 8 lanes' scales and offsets of an integer cell's head at `p`, as
+    /// [`Scales::read`] gives them. Inlined into callers compiled with AVX2 and F16C.
+    #[inline(always)]
+    pub(crate) unsafe fn head(scales: Scales, p: *const u8) -> (__m256, __m256) {
+        let halves = |at: usize| _mm256_cvtph_ps(_mm_loadu_si128(p.add(at) as *const __m128i));
+        match scales {
+            Scales::F32 => (
+                _mm256_loadu_ps(p as *const f32),
+                _mm256_loadu_ps(p.add(GROUP * 4) as *const f32),
+            ),
+            Scales::Half => (halves(0), halves(GROUP * 2)),
+            Scales::HalfCentred => {
+                let d = halves(0);
+                (d, _mm256_mul_ps(_mm256_set1_ps(-8.0), d))
+            }
+            Scales::HalfOnly => (halves(0), _mm256_set1_ps(-0.0)),
+        }
+    }
 
     /// The 8 16-bit floats (of `values`: bf16 or f16) at `p` widened to f32, exactly. Inlined
     /// into callers compiled with AVX2 and F16C.
@@ -174,10 +196,12 @@ pub(crate) mod avx2 {
             }
             return;
         }
-        let scale = _mm256_loadu_ps(p as *const f32);
-        let offset = _mm256_loadu_ps(p.add(GROUP * 4) as *const f32);
+        let (CellValues::Nibbles(scales) | CellValues::Bytes(scales)) = values else {
+            unreachable!("16-bit and K-quant cells returned above")
+        };
+        let (scale, offset) = head(scales, p);
         match values {
-            CellValues::Nibbles => {
+            CellValues::Nibbles(_) => {
                 let low = _mm256_set1_epi32(0x0f);
                 for r in 0..rows / 2 {
                     let bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(v.add(r * GROUP) as *const _));
@@ -190,7 +214,7 @@ pub(crate) mod avx2 {
                     );
                 }
             }
-            CellValues::Bytes => {
+            _ => {
                 for r in 0..rows {
                     let q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(v.add(r * GROUP) as *const _));
                     _mm256_storeu_ps(
@@ -199,15 +223,36 @@ pub(crate) mod avx2 {
                     );
                 }
             }
-            _ => unreachable!("16-bit and K-quant cells returned above"),
         }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512 {
-    use super::{CellValues, GROUP};
+    use super::{CellValues, Scales, GROUP};
     use std::arch::x86_64::*;
+
+    /// The scales and offsets of the heads at `a` (low 8 lanes) and `b`, as
+    /// [`super::avx2::head`] gives each.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn head_pair(scales: Scales, a: *const u8, b: *const u8) -> (__m512, __m512) {
+        let halves = |at: usize| {
+            _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(
+                _mm256_castsi128_si256(_mm_loadu_si128(a.add(at) as *const __m128i)),
+                _mm_loadu_si128(b.add(at) as *const __m128i),
+            ))
+        };
+        match scales {
+            Scales::F32 => (join(a, b), join(a.add(GROUP * 4), b.add(GROUP * 4))),
+            Scales::Half => (halves(0), halves(GROUP * 2)),
+            Scales::HalfCentred => {
+                let d = halves(0);
+                (d, _mm512_mul_ps(_mm512_set1_ps(-8.0), d))
+            }
+            Scales::HalfOnly => (halves(0), _mm512_set1_ps(-0.0)),
+        }
+    }
 
     /// Two 8-value halves at `a` and `b` (f32) as one register. (Inserted as 4 f64s, an
     /// AVX-512F instruction: the f32 form is AVX-512DQ, which these kernels do not enable, so
@@ -279,9 +324,11 @@ pub(crate) mod avx512 {
             }
             return;
         }
-        let scale = join(a, b);
-        let offset = join(a.add(GROUP * 4), b.add(GROUP * 4));
-        if values == CellValues::Nibbles {
+        let (CellValues::Nibbles(scales) | CellValues::Bytes(scales)) = values else {
+            unreachable!("16-bit and K-quant cells returned above")
+        };
+        let (scale, offset) = head_pair(scales, a, b);
+        if let CellValues::Nibbles(_) = values {
             let low = _mm512_set1_epi32(0x0f);
             for r in 0..rows / 2 {
                 let at = head + r * GROUP;

@@ -4,8 +4,9 @@
 //! A decode step or a warm request multiplies a few rows by every weight of the model, so its
 //! cost is the bytes of weights streamed: f32 weights stream 32 bits per weight, a GGUF's Q4_K
 //! 4.5. [`PackedMatrix`] keeps a GGUF's K-quant blocks (Q4_K, Q5_K, Q6_K) at the file's bits per
-//! weight (within 3%: [`kcells`]), its Q4_0, Q4_1 and Q8_0 blocks at 6 (4-bit values) or 10
-//! (8-bit values) bits per weight (the scale and offset of each 32 widened to f32), f16 and
+//! weight (within 3%: [`kcells`]), its Q4_0, Q4_1 and Q8_0 blocks at the file's bits too (4.5, 5
+//! and 8.5: their f16 scales kept, [`Scales`]; a fused projection mixing such formats widens
+//! its scales to f32), f16 and
 //! bf16 tensors (a GGUF's or a safetensors folder's) at 16 bits, and can round f32 weights to 8
 //! bits ([`PackedMatrix::quantize_q8_0`]) or to bf16 ([`PackedMatrix::round_to_bf16`]).
 //!
@@ -22,10 +23,11 @@
 //!
 //! Layout: output columns in groups of 8 (the last padded), each group's reduction in cells of
 //! 32 rows (16 where a part has 16-weight sub-blocks; 256, one block, for K-quant cells). A cell
-//! of Q4_0/Q4_1/Q8_0 integers holds the 8 columns' scales (f32), their offsets (f32) and the rows x 8 values,
-//! 8 bytes per row of the cell so one 8-byte load feeds one 8-lane vector: for 4-bit values a
-//! byte holds rows `2r` (low nibble) and `2r + 1` (high nibble); for 8-bit values a signed byte
-//! holds one row. A cell of 16-bit floats holds only its rows x 8 values (16 bytes per row).
+//! of Q4_0/Q4_1/Q8_0 integers holds the 8 columns' scales and offsets ([`Scales`]: the file's
+//! f16 numbers, or f32), then the rows x 8 values, 8 bytes per row of the cell so one 8-byte load
+//! feeds one 8-lane vector: for 4-bit values a byte holds rows `2r` (low nibble) and `2r + 1`
+//! (high nibble); for 8-bit values a signed byte holds one row. A cell of 16-bit floats holds
+//! only its rows x 8 values (16 bytes per row).
 //! K-quant cells are laid out in [`kcells`].
 //! A group's cells are consecutive, so a product reads each group as one stream.
 //!
@@ -37,9 +39,9 @@ mod dequant;
 pub(crate) mod kcells;
 
 #[cfg(all(target_arch = "x86_64", feature = "ndarray"))]
-pub(crate) use dequant::avx2::widen_floats;
+pub(crate) use dequant::avx2::{head, widen_floats};
 #[cfg(all(target_arch = "x86_64", feature = "ndarray"))]
-pub(crate) use dequant::avx512::{bytes16, join, widen_pair};
+pub(crate) use dequant::avx512::{bytes16, head_pair, widen_pair};
 #[cfg(all(target_arch = "x86_64", feature = "ndarray"))]
 pub(crate) use dequant::{prefetch_cell, AHEAD};
 
@@ -52,16 +54,88 @@ use std::borrow::Borrow;
 pub const CELL_ROWS: usize = 32;
 /// Output columns per group (one 8-lane f32 vector).
 pub const GROUP: usize = 8;
-/// Bytes of an integer cell's scales and offsets.
-pub const HEAD_BYTES: usize = 2 * GROUP * 4;
+/// How an integer cell of 32 rows (not a K-quant's) stores its 8 columns' scales and offsets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scales {
+    /// f32 scales, then f32 offsets (64 bytes): any values, such as a mix of formats widened
+    /// together or `--weights q8_0`'s.
+    F32,
+    /// The file's f16 scales, then its f16 offsets (32 bytes): Q4_1's `d` and `m`.
+    Half,
+    /// The file's f16 scales, the offsets `-8 * scale` (16 bytes): Q4_0.
+    HalfCentred,
+    /// The file's f16 scales, no offsets (16 bytes): Q8_0.
+    HalfOnly,
+}
+
+impl Scales {
+    /// Bytes before the values.
+    pub const fn head_bytes(self) -> usize {
+        match self {
+            Scales::F32 => 2 * GROUP * 4,
+            Scales::Half => 2 * GROUP * 2,
+            Scales::HalfCentred | Scales::HalfOnly => GROUP * 2,
+        }
+    }
+
+    /// The scales the cells of tensors of `t` keep as the file holds them, if every value's
+    /// scale and offset are the block's f16 numbers (or derived from them exactly).
+    fn of_file(t: GgmlType) -> Option<Scales> {
+        match t {
+            GgmlType::Q4_0 => Some(Scales::HalfCentred),
+            GgmlType::Q4_1 => Some(Scales::Half),
+            GgmlType::Q8_0 => Some(Scales::HalfOnly),
+            _ => None,
+        }
+    }
+
+    /// Lane `lane`'s scale and offset in `cell` (the offset exactly as the file's block
+    /// defines it: `-8 * d` for Q4_0, `-0.0` for Q8_0).
+    pub(crate) fn read(self, cell: &[u8], lane: usize) -> (f32, f32) {
+        let f32_at =
+            |o: usize| f32::from_le_bytes([cell[o], cell[o + 1], cell[o + 2], cell[o + 3]]);
+        let f16_at = |o: usize| half::f16::from_le_bytes([cell[o], cell[o + 1]]).to_f32();
+        match self {
+            Scales::F32 => (f32_at(lane * 4), f32_at(GROUP * 4 + lane * 4)),
+            Scales::Half => (f16_at(lane * 2), f16_at(GROUP * 2 + lane * 2)),
+            Scales::HalfCentred => {
+                let d = f16_at(lane * 2);
+                (d, -8.0 * d)
+            }
+            Scales::HalfOnly => (f16_at(lane * 2), -0.0),
+        }
+    }
+
+    /// Stores lane `lane`'s scale and offset; `false` where this head cannot hold them
+    /// exactly.
+    fn write(self, cell: &mut [u8], lane: usize, scale: f32, offset: f32) -> bool {
+        let half = |v: f32| half::f16::from_f32(v);
+        match self {
+            Scales::F32 => {
+                cell[lane * 4..lane * 4 + 4].copy_from_slice(&scale.to_le_bytes());
+                let o = GROUP * 4 + lane * 4;
+                cell[o..o + 4].copy_from_slice(&offset.to_le_bytes());
+            }
+            _ => {
+                cell[lane * 2..lane * 2 + 2].copy_from_slice(&half(scale).to_le_bytes());
+                if self == Scales::Half {
+                    let o = GROUP * 2 + lane * 2;
+                    cell[o..o + 2].copy_from_slice(&half(offset).to_le_bytes());
+                }
+            }
+        }
+        let (s, o) = self.read(cell, lane);
+        s.to_bits() == scale.to_bits() && o.to_bits() == offset.to_bits()
+    }
+}
 
 /// How a cell stores its values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CellValues {
     /// Unsigned 4-bit values, two rows per byte.
-    Nibbles,
+    Nibbles(Scales),
     /// Signed 8-bit values.
-    Bytes,
+    Bytes(Scales),
     /// bf16 values (the top half of an f32), no scale.
     Bf16,
     /// IEEE half-precision values, no scale.
@@ -107,7 +181,7 @@ impl CellValues {
     /// Bytes before a cell's values: the scales and offsets of integer cells.
     pub fn head_bytes(self) -> usize {
         match self {
-            CellValues::Nibbles | CellValues::Bytes => HEAD_BYTES,
+            CellValues::Nibbles(s) | CellValues::Bytes(s) => s.head_bytes(),
             CellValues::Bf16 | CellValues::F16 => 0,
             CellValues::Q4K | CellValues::Q5K | CellValues::Q6K => kcells::head_bytes(self),
         }
@@ -116,8 +190,8 @@ impl CellValues {
     /// Bytes of the values of a cell of `rows` rows (K-quant cells: always 256).
     pub fn value_bytes(self, rows: usize) -> usize {
         match self {
-            CellValues::Nibbles => rows * GROUP / 2,
-            CellValues::Bytes => rows * GROUP,
+            CellValues::Nibbles(_) => rows * GROUP / 2,
+            CellValues::Bytes(_) => rows * GROUP,
             CellValues::Bf16 | CellValues::F16 => rows * GROUP * 2,
             CellValues::Q4K | CellValues::Q5K | CellValues::Q6K => kcells::value_bytes(self),
         }
@@ -144,10 +218,13 @@ impl CellValues {
         #[cfg(target_arch = "x86_64")]
         {
             static F16C: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-            // f16 cells and the K-quants' f16 scales widen with F16C.
+            // f16 cells, the K-quants' f16 scales and the file's f16 scales widen with F16C.
+            let halves = match self {
+                CellValues::Nibbles(s) | CellValues::Bytes(s) => s != Scales::F32,
+                _ => self == CellValues::F16 || self.is_k_quant(),
+            };
             kvb_gemm::has_fma()
-                && ((self != CellValues::F16 && !self.is_k_quant())
-                    || *F16C.get_or_init(|| std::arch::is_x86_feature_detected!("f16c")))
+                && (!halves || *F16C.get_or_init(|| std::arch::is_x86_feature_detected!("f16c")))
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -260,10 +337,15 @@ impl PackedMatrix {
                 )));
             }
         }
+        // One format of 32-weight blocks keeps the file's f16 scales; a mix is widened to f32.
+        let scales = match Scales::of_file(first.ggml_type) {
+            Some(s) if parts.iter().all(|p| p.ggml_type == first.ggml_type) => s,
+            _ => Scales::F32,
+        };
         let values = if parts.iter().any(|p| blocks::wider_than_4_bits(p.ggml_type)) {
-            CellValues::Bytes
+            CellValues::Bytes(scales)
         } else {
-            CellValues::Nibbles
+            CellValues::Nibbles(scales)
         };
         let cell_rows = parts
             .iter()
@@ -395,8 +477,13 @@ impl PackedMatrix {
             )));
         }
         let n: usize = parts.iter().map(|(_, rows)| rows).sum();
-        let mut out =
-            PackedMatrix::zeroed(CellValues::Bytes, CELL_ROWS, cols, n, "q8_0 (from f32)");
+        let mut out = PackedMatrix::zeroed(
+            CellValues::Bytes(Scales::F32),
+            CELL_ROWS,
+            cols,
+            n,
+            "q8_0 (from f32)",
+        );
         let mut coded = Vec::with_capacity(cols);
         let mut j = 0;
         for (data, rows) in parts {
@@ -470,17 +557,17 @@ impl PackedMatrix {
             let at = self.cell_at(g, c);
             let bytes = self.cell_bytes();
             let cell = &mut self.data[at..at + bytes];
-            cell[lane * 4..lane * 4 + 4].copy_from_slice(&run[0].scale.to_le_bytes());
-            let o = GROUP * 4 + lane * 4;
-            cell[o..o + 4].copy_from_slice(&run[0].offset.to_le_bytes());
-            let values = &mut cell[HEAD_BYTES..];
+            let (CellValues::Nibbles(scales) | CellValues::Bytes(scales)) = self.values else {
+                unreachable!("16-bit and K-quant cells are filled by their own puts")
+            };
+            let exact = scales.write(cell, lane, run[0].scale, run[0].offset);
+            debug_assert!(exact, "{scales:?} cannot hold {:?}", run[0]);
+            let values = &mut cell[scales.head_bytes()..];
             for (r, w) in run.iter().enumerate() {
-                match self.values {
-                    CellValues::Nibbles => {
-                        values[r / 2 * GROUP + lane] |= ((w.q as u8) & 0x0f) << (4 * (r % 2))
-                    }
-                    CellValues::Bytes => values[r * GROUP + lane] = w.q as u8,
-                    _ => unreachable!("16-bit and K-quant cells are filled by their own puts"),
+                if let CellValues::Nibbles(_) = self.values {
+                    values[r / 2 * GROUP + lane] |= ((w.q as u8) & 0x0f) << (4 * (r % 2));
+                } else {
+                    values[r * GROUP + lane] = w.q as u8;
                 }
             }
         }
@@ -563,15 +650,19 @@ impl PackedMatrix {
             }
             return Some(scales);
         }
-        let f = |o: usize| f32::from_le_bytes([cell[o], cell[o + 1], cell[o + 2], cell[o + 3]]);
-        let v = &cell[HEAD_BYTES..];
+        let (CellValues::Nibbles(scales) | CellValues::Bytes(scales)) = self.values else {
+            return None;
+        };
+        let v = &cell[scales.head_bytes()..];
         for (r, q) in q.iter_mut().take(RUN).enumerate() {
             *q = match self.values {
-                CellValues::Nibbles => ((v[r / 2 * GROUP + lane] >> (4 * (r % 2))) & 0x0f) as i16,
+                CellValues::Nibbles(_) => {
+                    ((v[r / 2 * GROUP + lane] >> (4 * (r % 2))) & 0x0f) as i16
+                }
                 _ => v[r * GROUP + lane] as i8 as i16,
             };
         }
-        Some((f(lane * 4), f(GROUP * 4 + lane * 4)))
+        Some(scales.read(cell, lane))
     }
 
     /// Writes columns `j0..j0 + cols` (`j0` a multiple of [`GROUP`]) of cells `c0..c1`

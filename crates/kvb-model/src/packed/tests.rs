@@ -298,6 +298,61 @@ proptest! {
     }
 }
 
+proptest! {
+    /// Q4_0, Q4_1 and Q8_0 cells keep the file's f16 scales (and Q4_1's f16 offsets): for
+    /// whole groups of 8 columns, exactly the file's bytes.
+    #[test]
+    fn integer_cells_take_the_files_bytes(t in any_type(), groups in 1usize..6, blocks_per_row in 1usize..4) {
+        let (rows, cols) = (groups * GROUP, blocks_per_row * CELL_ROWS);
+        let tensor = blocks(t, rows, cols, 11);
+        let packed = PackedMatrix::from_blocks(std::slice::from_ref(&tensor)).unwrap();
+        prop_assert_eq!(packed.bytes(), tensor.bytes.len(), "{:?}", t);
+    }
+
+    /// A head keeps a scale and offset only where it can give them back exactly.
+    #[test]
+    fn heads_hold_what_they_give_back(scale in -70000f32..70000.0, offset in -70000f32..70000.0, lane in 0usize..GROUP) {
+        let d = half::f16::from_f32(scale).to_f32();
+        let m = half::f16::from_f32(offset).to_f32();
+        let mut cell = [0u8; 64];
+        for (scales, s, o, exact) in [
+            (Scales::F32, scale, offset, true),
+            (Scales::Half, d, m, true),
+            (Scales::Half, scale, offset, scale == d && offset == m),
+            (Scales::HalfCentred, d, -8.0 * d, true),
+            (Scales::HalfOnly, d, -0.0, true),
+            (Scales::HalfOnly, d, 0.0, false),
+        ] {
+            let kept = scales.write(&mut cell, lane, s, o);
+            if exact {
+                prop_assert!(kept, "{:?} {} {}", scales, s, o);
+                let (rs, ro) = scales.read(&cell, lane);
+                prop_assert_eq!((rs.to_bits(), ro.to_bits()), (s.to_bits(), o.to_bits()));
+            } else {
+                prop_assert!(!kept, "{:?} {} {}", scales, s, o);
+            }
+        }
+    }
+}
+
+/// Formats mixed in one projection keep their values in cells whose scales are f32.
+#[test]
+fn mixed_formats_widen_their_scales() {
+    let parts = [
+        blocks(GgmlType::Q4_0, 8, 64, 1),
+        blocks(GgmlType::Q4_1, 8, 64, 2),
+    ];
+    let packed = PackedMatrix::from_blocks(&parts).unwrap();
+    assert_eq!(packed.cell_values(), CellValues::Nibbles(Scales::F32));
+    for (i, p) in parts.iter().enumerate() {
+        let one = PackedMatrix::from_blocks(std::slice::from_ref(p)).unwrap();
+        assert_ne!(one.cell_values(), packed.cell_values());
+        for j in 0..8 {
+            assert_eq!(one.column(j), packed.column(i * 8 + j));
+        }
+    }
+}
+
 /// A bad K-quant tensor is an error naming its type and shape; parts of two K-quant types are
 /// kept together in a common cell type (no error).
 #[test]

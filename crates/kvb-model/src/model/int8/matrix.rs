@@ -74,7 +74,7 @@ impl IntDotMatrix {
                 kcells: Some(p.clone()),
             });
         }
-        let nibbles = matches!(p.cell_values(), CellValues::Nibbles | CellValues::Q4K);
+        let nibbles = matches!(p.cell_values(), CellValues::Nibbles(_) | CellValues::Q4K);
         let (k, n) = (p.k(), p.n());
         let blocks = k / BLOCK;
         let mut out = IntDotMatrix {

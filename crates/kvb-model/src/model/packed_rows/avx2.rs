@@ -1,7 +1,7 @@
 //! The 8-lane kernel (AVX2, FMA, F16C): one group of 8 columns per register.
 
 use super::*;
-use crate::packed::{kcells, prefetch_cell, AHEAD};
+use crate::packed::{head as cell_head, kcells, prefetch_cell, AHEAD};
 use std::arch::x86_64::*;
 
 /// [`run_groups`] for `m` rows (1 to 7) and `groups` groups (1, 2 or 4), as
@@ -40,10 +40,11 @@ unsafe fn run_groups<const R: usize, const G: usize>(a: &Set) {
         }
         let xrow = |r: usize, i: usize| _mm256_broadcast_ss(&*a.x.add((c * rows + i) * R + r));
         // Each group's 8 scales and offsets, for integer cells.
-        let scales = || -> ([__m256; G], [__m256; G]) {
+        let scales = |s| -> ([__m256; G], [__m256; G]) {
+            let both: [(__m256, __m256); G] = std::array::from_fn(|i| cell_head(s, head[i]));
             (
-                std::array::from_fn(|i| _mm256_loadu_ps(head[i] as *const f32)),
-                std::array::from_fn(|i| _mm256_loadu_ps(head[i].add(GROUP * 4) as *const f32)),
+                std::array::from_fn(|i| both[i].0),
+                std::array::from_fn(|i| both[i].1),
             )
         };
         match a.values {
@@ -58,12 +59,13 @@ unsafe fn run_groups<const R: usize, const G: usize>(a: &Set) {
                 }
                 kcells::by_kind!(a.values, run);
             }
-            CellValues::Nibbles => {
-                let (scale, offset) = scales();
+            CellValues::Nibbles(s) => {
+                let (scale, offset) = scales(s);
+                let values = s.head_bytes();
                 for p in 0..rows / 2 {
                     let bytes: [__m256i; G] = std::array::from_fn(|i| {
                         _mm256_cvtepu8_epi32(_mm_loadl_epi64(
-                            head[i].add(HEAD_BYTES + p * GROUP) as *const _
+                            head[i].add(values + p * GROUP) as *const _
                         ))
                     });
                     let lo: [__m256; G] = std::array::from_fn(|i| {
@@ -78,12 +80,13 @@ unsafe fn run_groups<const R: usize, const G: usize>(a: &Set) {
                     multiply_into(&mut acc, &hi, |r| xrow(r, 2 * p + 1));
                 }
             }
-            CellValues::Bytes => {
-                let (scale, offset) = scales();
+            CellValues::Bytes(s) => {
+                let (scale, offset) = scales(s);
+                let values = s.head_bytes();
                 for p in 0..rows {
                     let wv: [__m256; G] = std::array::from_fn(|i| {
                         let q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(
-                            head[i].add(HEAD_BYTES + p * GROUP) as *const _,
+                            head[i].add(values + p * GROUP) as *const _,
                         ));
                         _mm256_fmadd_ps(scale[i], _mm256_cvtepi32_ps(q), offset[i])
                     });

@@ -4,7 +4,7 @@
 //! computes what [`super::avx2`] computes for its column, in the same order: the same bits.
 
 use super::*;
-use crate::packed::{bytes16, join, kcells, prefetch_cell, widen_pair, AHEAD};
+use crate::packed::{bytes16, head_pair, kcells, prefetch_cell, widen_pair, AHEAD};
 use std::arch::x86_64::*;
 
 /// [`run_pairs`] for `m` rows (1 to 16) and `pairs` pairs (1, 2 or 4), as [`super::columns`]
@@ -63,19 +63,19 @@ unsafe fn run_pairs<const R: usize, const P: usize>(a: &Set) {
                 }
                 kcells::by_kind!(a.values, run);
             }
-            CellValues::Nibbles | CellValues::Bytes => {
+            CellValues::Nibbles(s) | CellValues::Bytes(s) => {
                 let mut scale = [_mm512_setzero_ps(); P];
                 let mut offset = [_mm512_setzero_ps(); P];
                 for (i, h) in head.iter().enumerate() {
-                    scale[i] = join(h[0], h[1]);
-                    offset[i] = join(h[0].add(GROUP * 4), h[1].add(GROUP * 4));
+                    (scale[i], offset[i]) = head_pair(s, h[0], h[1]);
                 }
+                let values = s.head_bytes();
                 let mut wv = [_mm512_setzero_ps(); P];
-                if a.values == CellValues::Nibbles {
+                if let CellValues::Nibbles(_) = a.values {
                     for p in 0..rows / 2 {
                         let mut q = [_mm512_setzero_si512(); P];
                         for (i, h) in head.iter().enumerate() {
-                            let at = HEAD_BYTES + p * GROUP;
+                            let at = values + p * GROUP;
                             q[i] = _mm512_cvtepu8_epi32(bytes16(h[0].add(at), h[1].add(at)));
                         }
                         for i in 0..P {
@@ -92,7 +92,7 @@ unsafe fn run_pairs<const R: usize, const P: usize>(a: &Set) {
                 } else {
                     for p in 0..rows {
                         for (i, h) in head.iter().enumerate() {
-                            let at = HEAD_BYTES + p * GROUP;
+                            let at = values + p * GROUP;
                             let q = _mm512_cvtepi8_epi32(bytes16(h[0].add(at), h[1].add(at)));
                             wv[i] = _mm512_fmadd_ps(scale[i], _mm512_cvtepi32_ps(q), offset[i]);
                         }

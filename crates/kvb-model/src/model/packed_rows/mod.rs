@@ -15,7 +15,7 @@
 use super::few_rows::{in_column_ranges, KC};
 #[cfg(target_arch = "x86_64")]
 use crate::packed::widen_floats;
-use crate::packed::{CellValues, PackedMatrix, GROUP, HEAD_BYTES};
+use crate::packed::{CellValues, PackedMatrix, GROUP};
 
 /// `y [m, n] = x [m, k] · w`, or `None` where the CPU lacks AVX2 and FMA or `m` is above what
 /// its kernel takes ([`Kernel::max_rows`]; the caller then takes the general path).
