@@ -186,15 +186,31 @@ impl Measured {
 }
 
 /// The virtual environment with the peers installed (created and filled on first use).
-pub(super) fn peer_python() -> Result<PathBuf> {
-    let dir = std::env::var_os("KVB_PEERS_DIR")
+fn peer_python() -> Result<PathBuf> {
+    venv_python(
+        cache_dir("KVB_PEERS_DIR", "peers")?,
+        "torch, transformers, numpy, llama_cpp",
+        &PEER_PACKAGES,
+    )
+}
+
+/// `$var`, else `~/.cache/kvb/<leaf>`.
+pub(super) fn cache_dir(var: &str, leaf: &str) -> Result<PathBuf> {
+    std::env::var_os(var)
         .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/kvb/peers")))
-        .context("set KVB_PEERS_DIR (no HOME to put the peers' environment under)")?;
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/kvb").join(leaf))
+        })
+        .with_context(|| format!("set {var} (no HOME to put {leaf} under)"))
+}
+
+/// The Python of the virtual environment at `dir` that imports `imports`, made and filled with
+/// `packages` by pip where it does not yet.
+pub(super) fn venv_python(dir: PathBuf, imports: &str, packages: &[&str]) -> Result<PathBuf> {
     let python = dir.join("bin/python");
     let ready = |py: &Path| {
         Command::new(py)
-            .args(["-c", "import torch, transformers, numpy, llama_cpp"])
+            .args(["-c", &format!("import {imports}")])
             .output()
             .is_ok_and(|o| o.status.success())
     };
@@ -204,7 +220,7 @@ pub(super) fn peer_python() -> Result<PathBuf> {
     eprintln!(
         "bench peers: installing {} into {} with pip (once; llama-cpp-python compiles \
          llama.cpp, ~15 min on 2 cores)",
-        PEER_PACKAGES.join(", "),
+        packages.join(", "),
         dir.display()
     );
     if !python.is_file() {
@@ -213,11 +229,11 @@ pub(super) fn peer_python() -> Result<PathBuf> {
     crate::run(
         Command::new(&python)
             .args(["-m", "pip", "install", "--quiet"])
-            .args(PEER_PACKAGES),
+            .args(packages),
     )?;
     if !ready(&python) {
         bail!(
-            "the peers' environment at {} still cannot import torch, transformers and llama_cpp",
+            "the environment at {} still cannot import {imports}",
             dir.display()
         );
     }

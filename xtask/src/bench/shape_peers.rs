@@ -11,7 +11,7 @@
 //! and the Python that makes them and runs llama.cpp lives in `$KVB_SHAPES_VENV` (else
 //! `~/.cache/kvb/shapes-venv`), pip-installed on first use. Never in CI.
 
-use super::peers::{run_kvb, run_peer, Measured, Options, Workload};
+use super::peers::{cache_dir, run_kvb, run_peer, venv_python, Measured, Options, Workload};
 use super::results::median;
 use super::workloads::cut;
 use anyhow::{bail, Context, Result};
@@ -32,51 +32,15 @@ const SHAPES: [&str; 4] = [
 /// The document's fractions that make prompts of about 512 and 2,048 tokens in SmolLM2's
 /// tokenizer (all of it is ~2,300; its start is denser in words).
 const NEAR_512: f64 = 0.27;
-const NEAR_2048: f64 = 0.9;
-
-fn home_cache(var: &str, leaf: &str) -> Result<PathBuf> {
-    std::env::var_os(var)
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/kvb").join(leaf))
-        })
-        .with_context(|| format!("set {var} (no HOME to put {leaf} under)"))
-}
+const NEAR_2048: f64 = 0.83;
 
 /// The Python with `gguf` and llama-cpp-python (made and filled on first use).
 fn shapes_python() -> Result<PathBuf> {
-    let dir = home_cache("KVB_SHAPES_VENV", "shapes-venv")?;
-    let python = dir.join("bin/python");
-    let ready = |py: &Path| {
-        Command::new(py)
-            .args(["-c", "import gguf, numpy, llama_cpp"])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if python.is_file() && ready(&python) {
-        return Ok(python);
-    }
-    eprintln!(
-        "bench peers: installing {} into {} (once; llama-cpp-python compiles llama.cpp, ~15 min \
-         on 2 cores)",
-        PACKAGES.join(", "),
-        dir.display()
-    );
-    if !python.is_file() {
-        crate::run(Command::new("python3").arg("-m").arg("venv").arg(&dir))?;
-    }
-    crate::run(
-        Command::new(&python)
-            .args(["-m", "pip", "install", "--quiet"])
-            .args(PACKAGES),
-    )?;
-    if !ready(&python) {
-        bail!(
-            "{} still cannot import gguf and llama_cpp",
-            python.display()
-        );
-    }
-    Ok(python)
+    venv_python(
+        cache_dir("KVB_SHAPES_VENV", "shapes-venv")?,
+        "gguf, numpy, llama_cpp",
+        &PACKAGES,
+    )
 }
 
 /// The shape's file in `quant`, made (F16, then quantized) where the cache lacks it.
@@ -93,7 +57,7 @@ fn shape_file(
             SHAPES.join(", ")
         );
     }
-    let dir = home_cache("KVB_SHAPES_DIR", "shapes")?;
+    let dir = cache_dir("KVB_SHAPES_DIR", "shapes")?;
     let file = dir.join(format!("{shape}.{}.gguf", quant.to_ascii_lowercase()));
     if file.is_file() {
         return Ok(file);

@@ -94,8 +94,8 @@ impl<B: ModelBackend> Linear<B> {
 impl<B: ModelBackend> Model<B> {
     /// This model with its products' inputs held in `activations`. For
     /// [`ActivationPrecision::Q8`], every projection (and the LM head) whose weight is packed in
-    /// integer blocks of 32 is re-laid out for 8-bit products (the same bytes); a tied
-    /// embedding shares the new layout. Errors where the backend does not run packed weights
+    /// integer blocks of 32 is re-laid out for 8-bit products, and K-quant cells are shared as
+    /// loaded ([`super::int8::IntDotMatrix`]); a tied embedding shares the result. Errors where the backend does not run packed weights
     /// (the kernels are the CPU's), or where no projection holds integer weights (f32 or 16-bit
     /// float weights: `--weights q8_0` quantizes them first).
     pub fn with_activations(self, activations: ActivationPrecision) -> Result<Self> {
@@ -114,7 +114,7 @@ impl<B: ModelBackend> Model<B> {
     }
 
     /// Whether [`Model::with_activations`] can give this model 8-bit activations: the backend
-    /// runs packed weights (the CPU's) and some layer projection is held in integer blocks of 32.
+    /// runs packed weights (the CPU's) and some layer projection is held in integer blocks.
     /// (A fidelity check asks before it adds the 8-bit row to its noise floor.)
     pub fn takes_q8_activations(&self) -> bool {
         #[cfg(feature = "ndarray")]

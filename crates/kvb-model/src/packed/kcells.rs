@@ -189,7 +189,7 @@ pub(crate) mod avx2 {
 
     /// The 8 bytes at `p`, zero- or sign-extended to i32 lanes.
     #[inline(always)]
-    unsafe fn bytes(p: *const u8, signed: bool) -> __m256i {
+    pub(crate) unsafe fn bytes(p: *const u8, signed: bool) -> __m256i {
         let raw = _mm_loadl_epi64(p as *const __m128i);
         if signed {
             _mm256_cvtepi8_epi32(raw)

@@ -14,6 +14,7 @@
 use super::kcells::MAX_TILE_ROWS;
 use super::products::Kernel;
 use super::{QuantizedRows, BLOCK};
+use crate::packed::kcells::avx2::bytes;
 use crate::packed::kcells::{of_kind, Layout, KIND_Q4K, KIND_Q5K, KIND_Q6K, ROWS};
 use crate::packed::{CellValues, PackedMatrix, GROUP};
 use std::arch::x86_64::*;
@@ -70,17 +71,6 @@ pub(super) unsafe fn tile(
 /// decode step's weights come from memory, and the hardware prefetchers alone kept these
 /// kernels at about half the machine's bandwidth.
 const AHEAD: usize = 2;
-
-/// The 8 bytes at `p`, zero- or sign-extended to i32 lanes.
-#[inline(always)]
-unsafe fn bytes(p: *const u8, signed: bool) -> __m256i {
-    let raw = _mm_loadl_epi64(p as *const __m128i);
-    if signed {
-        _mm256_cvtepi8_epi32(raw)
-    } else {
-        _mm256_cvtepu8_epi32(raw)
-    }
-}
 
 /// AVX2's byte dot product: 4 products per i32 lane added to `acc`.
 macro_rules! dot_avx2 {
