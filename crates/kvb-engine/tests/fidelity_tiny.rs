@@ -269,25 +269,33 @@ proptest! {
     }
 }
 
-/// A model with quantized weights that no 8-bit product takes (llama.cpp's Q6_K file: 16-weight
-/// sub-blocks) still gets its noise floor, without the q8 row: the floor asks the model, not
-/// the weights' format, whether 8-bit activations apply (it failed outright before).
+/// The noise floor asks the model, not the weights' format, whether 8-bit activations apply
+/// (it failed outright on a model that could not take them): a Q6_K file's K-quant cells take
+/// them, so its floor has the q8 row; an F16 file's weights do not, so its floor has none.
 #[test]
-fn the_noise_floor_skips_q8_activations_where_no_weight_takes_them() {
-    let gguf = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures/llama-cpp/model.q6_k.gguf");
-    let e = kvb_engine::Engine::<kvb_model::backends::Cpu>::from_pretrained(
-        &gguf,
-        config(),
-        &Default::default(),
-    )
-    .unwrap();
-    assert!(e.model().has_quantized_weights());
-    assert!(!e.model().takes_q8_activations());
-    let floor = NoiseFloor::new(&e).unwrap();
-    let tokens: Vec<u32> = (0..20).map(|i| (i * 7 + 3) % 200).collect();
-    let rows = floor.compare(&e.reference(&tokens, 4).unwrap()).unwrap();
-    let kinds: Vec<Compared> = rows.iter().map(|r| r.compared).collect();
+fn the_noise_floor_has_q8_activations_where_the_weights_take_them() {
+    let floor_kinds = |file: &str| {
+        let gguf = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../fixtures/llama-cpp")
+            .join(file);
+        let e = kvb_engine::Engine::<kvb_model::backends::Cpu>::from_pretrained(
+            &gguf,
+            config(),
+            &Default::default(),
+        )
+        .unwrap();
+        let floor = NoiseFloor::new(&e).unwrap();
+        let tokens: Vec<u32> = (0..20).map(|i| (i * 7 + 3) % 200).collect();
+        let rows = floor.compare(&e.reference(&tokens, 4).unwrap()).unwrap();
+        let kinds: Vec<Compared> = rows.iter().map(|r| r.compared).collect();
+        (e.model().takes_q8_activations(), kinds)
+    };
+    let (takes, kinds) = floor_kinds("model.q6_k.gguf");
+    assert!(takes);
+    assert!(kinds.contains(&Compared::Bf16Forward), "{kinds:?}");
+    assert!(kinds.contains(&Compared::Q8Activations), "{kinds:?}");
+    let (takes, kinds) = floor_kinds("model.f16.gguf");
+    assert!(!takes);
     assert!(kinds.contains(&Compared::Bf16Forward), "{kinds:?}");
     assert!(!kinds.contains(&Compared::Q8Activations), "{kinds:?}");
 }
