@@ -111,12 +111,10 @@ impl<B: ModelBackend> Engine<B> {
             .chunking(&chunking.describe())
             .extra("kv_precision", config.kv_precision.as_str());
         // 8-bit activations compute other K/V than the f32 products (f32 keeps the namespace it
-        // always had, so caches written before this setting existed stay valid). Their tag names
-        // the revision of their arithmetic: since 2026-11-26 a K-quant file's Q6_K parts take
-        // 8-bit products too, so K/V stored before then is not what they compute.
+        // always had, so caches written before this setting existed stay valid); their tag
+        // names the revision of their arithmetic.
         if model.activation_precision() != ActivationPrecision::F32 {
-            let tag = format!("{} r2", model.activation_precision());
-            namespace = namespace.extra("activations", &tag);
+            namespace = namespace.extra("activations", &model.activation_precision().cache_tag());
         }
         // So does a backend computing in half precision (a GPU's `--dtype`), whatever the pool
         // holds: an f16 pool filled by f32 arithmetic is not one filled by f16 arithmetic.

@@ -69,6 +69,13 @@ pub fn matmul(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
     })
 }
 
+/// The width of [`in_column_ranges`]' tasks over `n` columns in whole units of `unit`: several
+/// tasks per thread, so that uneven cores even out.
+pub(crate) fn column_task_width(n: usize, unit: usize) -> usize {
+    let tasks = 4 * rayon::current_num_threads();
+    n.div_ceil(unit).div_ceil(tasks).max(1) * unit
+}
+
 /// `y [m, n]` computed in parallel tasks, each owning columns `j0..j0 + cols` (`width` wide, the
 /// last narrower) and filling them through `fill(j0, cols, tile)` into its `[m, cols]` tile.
 pub(crate) fn in_column_ranges(

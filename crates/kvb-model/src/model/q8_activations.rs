@@ -20,6 +20,16 @@ pub enum ActivationPrecision {
 impl ActivationPrecision {
     /// The names `--activations` accepts.
     pub const NAMES: [&'static str; 2] = ["f32", "q8"];
+
+    /// What a cache namespace records of this precision: its name and the revision of its
+    /// arithmetic, so that K/V computed by an earlier revision is never served as this one's
+    /// (revision 2, 2026-11-26: a K-quant file's Q6_K parts take 8-bit products too).
+    pub fn cache_tag(self) -> String {
+        match self {
+            ActivationPrecision::F32 => "f32".into(),
+            ActivationPrecision::Q8 => "q8 r2".into(),
+        }
+    }
 }
 
 impl std::fmt::Display for ActivationPrecision {

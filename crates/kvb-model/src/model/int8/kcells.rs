@@ -12,7 +12,7 @@
 
 use super::products::Kernel;
 use super::{QuantizedRows, BLOCK};
-use crate::model::few_rows::in_column_ranges;
+use crate::model::few_rows::{column_task_width, in_column_ranges};
 use crate::packed::kcells::{parts, Layout, ROWS};
 use crate::packed::{CellValues, PackedMatrix, GROUP};
 
@@ -31,10 +31,7 @@ pub(super) fn matmul(a: &QuantizedRows, w: &PackedMatrix, kernel: Kernel) -> Vec
         w.source()
     );
     let (m, n) = (a.m, w.n());
-    // Several tasks per thread so that uneven cores even out, whole groups each.
-    let tasks = 4 * rayon::current_num_threads();
-    let width = n.div_ceil(GROUP).div_ceil(tasks).max(1) * GROUP;
-    in_column_ranges(m, n, width, |j0, cols, tile| {
+    in_column_ranges(m, n, column_task_width(n, GROUP), |j0, cols, tile| {
         columns(a, w, kernel, j0, cols, tile)
     })
 }

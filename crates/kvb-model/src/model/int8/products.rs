@@ -2,7 +2,7 @@
 //! that defines the arithmetic (see the parent module) and runs where AVX-512 VNNI is absent.
 
 use super::{IntDotMatrix, QuantizedRows, BLOCK, LANES};
-use crate::model::few_rows::in_column_ranges;
+use crate::model::few_rows::{column_task_width, in_column_ranges};
 
 /// Rows one kernel call keeps in registers (an i32 sum and an f32 output each, beside the
 /// weights).
@@ -99,10 +99,7 @@ pub(super) fn matmul_quantized(a: &QuantizedRows, w: &IntDotMatrix, kernel: Kern
         return super::kcells::matmul(a, cells, kernel);
     }
     let (m, n) = (a.m, w.n);
-    // Several tasks per thread so that uneven cores even out, whole groups each.
-    let tasks = 4 * rayon::current_num_threads();
-    let width = n.div_ceil(LANES).div_ceil(tasks).max(1) * LANES;
-    in_column_ranges(m, n, width, |j0, cols, tile| {
+    in_column_ranges(m, n, column_task_width(n, LANES), |j0, cols, tile| {
         columns(a, w, kernel, j0, cols, tile)
     })
 }

@@ -12,7 +12,7 @@
 //! Two kernels: [`avx2`] (8 lanes, one group of columns per register) and, where the CPU has
 //! AVX-512, [`avx512`] (16 lanes, two groups per register), which compute the same bits.
 
-use super::few_rows::{in_column_ranges, KC};
+use super::few_rows::{column_task_width, in_column_ranges, KC};
 #[cfg(target_arch = "x86_64")]
 use crate::packed::widen_floats;
 use crate::packed::{CellValues, PackedMatrix, GROUP};
@@ -34,21 +34,13 @@ fn matmul_with(isa: kvb_gemm::Isa, x: &[f32], m: usize, w: &PackedMatrix) -> Opt
         if !fits || !w.cell_values().vectorised() {
             return None;
         }
-        // Several tasks per thread so that uneven cores even out, whole units of columns each.
-        let unit = kernel.unit_groups() * GROUP;
-        let tasks = 4 * rayon::current_num_threads();
-        let per_task = w.n().div_ceil(unit).div_ceil(tasks).max(1);
+        let width = column_task_width(w.n(), kernel.unit_groups() * GROUP);
         let x = by_reduction_row(x, m, w.k());
-        Some(in_column_ranges(
-            m,
-            w.n(),
-            per_task * unit,
-            |j0, cols, tile| {
-                // SAFETY: the kernel's instructions are present (`isa` is this CPU's); `x` holds k
-                // reduction rows of m values; the tile holds m rows of `cols`.
-                unsafe { columns(kernel, &x, m, w, j0, cols, tile) }
-            },
-        ))
+        Some(in_column_ranges(m, w.n(), width, |j0, cols, tile| {
+            // SAFETY: the kernel's instructions are present (`isa` is this CPU's); `x` holds k
+            // reduction rows of m values; the tile holds m rows of `cols`.
+            unsafe { columns(kernel, &x, m, w, j0, cols, tile) }
+        }))
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
