@@ -44,7 +44,7 @@ fn paged_matches_naive<B: AttentionBackend>(
     let got = c
         .run::<B>(<B as AttentionBackend>::paged_attention, &dev)
         .unwrap();
-    close_within(&got, &c.naive(), tolerance::<B>(), "cube kernel")
+    close_within(&got, &c.naive(), c.tolerance::<B>(), "cube kernel")
 }
 
 /// Causal queries at an offset into longer K/V, and scattered slots (CacheBlend's rows), against
@@ -247,7 +247,7 @@ fn long_prefills_match_naive<B: AttentionBackend + PagedKernelChoice>(tensor_cor
         let got = c
             .run::<B>(<B as AttentionBackend>::paged_attention, &dev)
             .unwrap();
-        close_within(&got, &c.naive(), tolerance::<B>(), "long prefill").unwrap();
+        close_within(&got, &c.naive(), c.tolerance::<B>(), "long prefill").unwrap();
     }
 }
 

@@ -42,6 +42,17 @@ impl Case {
         }
     }
 
+    /// [`tolerance`] for `B`, or the f32 rounding of this case's scores where that is more.
+    /// An f32 score of `d` products is off by a few ulps of the sum of their magnitudes, and a
+    /// score off by `e` scales its key's weight by about `1 + e`, moving an output by up to
+    /// `e * max |v|`: with values up to 2.5 and head dim 128, scores of magnitude ~70 put the
+    /// exact answer's f32 neighbourhood beyond the plain bound.
+    pub fn tolerance<B: Backend>(&self) -> f32 {
+        let max_abs = |x: &[f32]| x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let score_bound = max_abs(&self.q) * max_abs(&self.k) * (self.d as f32).sqrt();
+        tolerance::<B>().max(4.0 * f32::EPSILON * score_bound * max_abs(&self.v))
+    }
+
     pub fn rows(&self) -> usize {
         self.seqs.iter().map(|s| s.last.len()).sum()
     }
