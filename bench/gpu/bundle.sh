@@ -19,6 +19,9 @@ newest() { ls -t $T/deps/$1-* | grep -v '\.d$' | head -1; }
 cp $T/kvb $D/stage/kvb
 cp "$(newest cube_matches_naive)" $D/stage/cube_matches_naive
 cp "$(newest gpu_attention)" $D/stage/gpu_attention
+# kvb-model's products at decode shapes, when built (cargo bench --workspace --features
+# "$FEATURES" --bench gpu_linear --no-run: the workspace's features, so no second burn build).
+ls $T/deps/gpu_linear-* >/dev/null 2>&1 && cp "$(newest gpu_linear)" $D/stage/gpu_linear
 # kvb-model's CUDA suites, when built (cargo test --release -p kvb-model --features cuda
 # --test cube_ops --test device_sampling --no-run).
 for t in cube_ops device_sampling; do
@@ -28,7 +31,7 @@ if [ -n "$LLAMA_BUILD" ]; then
   for b in llama-bench llama-batched-bench llama-quantize; do cp $LLAMA_BUILD/bin/$b $D/stage/llama/bin/; done
   cp -P $LLAMA_BUILD/bin/*.so* $D/stage/llama/lib/
 fi
-strip $D/stage/kvb $D/stage/cube_matches_naive $D/stage/gpu_attention $D/stage/llama/bin/* $D/stage/llama/lib/*.so* 2>/dev/null || true
+strip $D/stage/kvb $D/stage/cube_matches_naive $D/stage/gpu_attention $D/stage/gpu_linear $D/stage/llama/bin/* $D/stage/llama/lib/*.so* 2>/dev/null || true
 XZ_OPT=-T2 tar cJf $D/bundle.tar.xz -C $D/stage .
 rm -rf $D/stage
 ls -la $D

@@ -12,8 +12,8 @@ OUT=${OUT:-/tmp/kvb-gpu-out}
 R=$OUT/results
 mkdir -p "$R"
 exec > >(tee "$OUT/run.log") 2>&1
-# STEPS picks the steps (default: all but diag): tests attn models llama kvb extra diag
-# launches. ATTN_RUNS (default "f16:auto f16:vector bf16:auto") the attention benchmarks, SKIP_SDPA=1 skips
+# STEPS picks the steps (default: all but diag, linear, layouts and profile): tests attn
+# linear models llama kvb extra diag layouts profile host decode launches. ATTN_RUNS (default "f16:auto f16:vector bf16:auto") the attention benchmarks, SKIP_SDPA=1 skips
 # PyTorch's; BUDGET (seconds, default 540) stops starting kvb runs near the end.
 STEPS=" ${STEPS:-tests attn models llama kvb extra launches} "
 want() { [[ $STEPS == *" $1 "* ]]; }
@@ -35,10 +35,15 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/site "$B"/gguf-*.wh
 export PYTHONPATH=/tmp/site
 
 if want tests; then
+# TESTS picks the suites (default: all three).
+if [[ " ${TESTS:-cube_matches_naive} " == *" cube_matches_naive "* ]]; then
 step "attention kernels vs the per-element answer (CUDA f32, f16, bf16)"
 timeout 180 "$B/cube_matches_naive" --ignored cuda 2>&1 | grep -v '^$' | tail -40
-for t in cube_ops device_sampling; do
-  [ -x "$B/$t" ] && timeout 120 "$B/$t" --ignored cuda 2>&1 | grep -E '^test |test result|panicked' | tail -20
+fi
+step "kvb-model's kernels vs the reference ops (CUDA f32, f16, bf16)"
+for t in ${TESTS:-cube_ops device_sampling}; do
+  [ $t = cube_matches_naive ] && continue
+  [ -x "$B/$t" ] && timeout 120 "$B/$t" --ignored cuda 2>&1 | grep -E '^test |test result|panicked|Test failed|minimal failing' | tail -24
 done
 fi
 
@@ -52,7 +57,13 @@ done
 [ -n "${SKIP_SDPA:-}" ] || timeout 60 python3 crates/kvb-attn/benches/sdpa_reference.py 2>&1 | tail -12
 fi
 
-want models || want kvb || want llama || want diag || want launches || { step done; exit 0; }
+if want linear; then
+step "projection products at decode shapes: weights [in, out] vs [out, in] viewed transposed"
+[ -x "$B/gpu_linear" ] && KVB_BENCH_BACKEND=cuda KVB_BENCH_DTYPE=f16 KVB_BENCH_OUT=$R/linear-f16 \
+  timeout 150 "$B/gpu_linear" --bench 2>&1 | grep -E '^\||error|panic'
+fi
+
+want models || want kvb || want layouts || want profile || want host || want decode || want llama || want diag || want launches || { step done; exit 0; }
 step "models (random weights, real shapes)"
 M=/tmp/shapes
 mkdir -p $M
@@ -67,7 +78,7 @@ else
 fi
 timeout 60 python3 xtask/shapes/make_shape.py --shape smollm2-135m --quant "$Q1" \
   --tokenizer-from "$B/smollm2-tokenizer.gguf" --out $M "${QUANT[@]}" 2>&1 | tail -2
-want llama || want kvb && timeout 150 python3 xtask/shapes/make_shape.py --shape llama3.2-1b --quant "$Q2" \
+want llama || want kvb || want layouts || want profile || want host || want decode && timeout 150 python3 xtask/shapes/make_shape.py --shape llama3.2-1b --quant "$Q2" \
   --tokenizer-from "$B/smollm2-tokenizer.gguf" --out $M "${QUANT[@]}" 2>&1 | tail -2
 ls -la $M
 
@@ -121,6 +132,46 @@ for m in $MODELS; do
   for c in 1 16; do replay $m f16-clients$c f16 requests-concurrency-$c.jsonl --max-new-tokens 48; done
   grep -h aggregate_decode $R/$m-f16-clients*.summary.json
 done
+fi
+if want layouts; then
+step "kvb CUDA: decode after 4,085 tokens with weights [out, in] (default) and [in, out]"
+for m in $MODELS; do
+  replay $m f16-4096 f16 requests-4096.jsonl --mode baseline
+  KVB_GPU_WEIGHTS=in-out replay $m f16-4096-in-out f16 requests-4096.jsonl --mode baseline
+done
+fi
+if want profile; then
+step "device time per kernel over a short generation (CubeCL's profiler: each launch waits)"
+mkdir -p /tmp/profile && cd /tmp/profile
+printf '[profiling.logger]\nlevel = "basic"\nfile = "/tmp/profile/log"\n' > cubecl.toml
+for m in $MODELS; do
+  : > log
+  timeout 90 "$B/kvb" generate --model $M/$m.gguf --backend cuda --dtype f16 \
+    --prompt "The history of the city" --max-new-tokens 24 > /dev/null 2> $R/profile-$m.stderr
+  python3 "$OLDPWD/bench/gpu/profile_summary.py" log > $R/profile-$m.md
+  echo "$m"; head -22 $R/profile-$m.md
+done
+cd - > /dev/null
+fi
+if want decode; then
+step "kvb CUDA, the larger shape: 1 and 16 clients"
+BIG=${MODELS##* }
+for c in 1 16; do replay $BIG f16-clients$c f16 requests-concurrency-$c.jsonl --max-new-tokens 48; done
+grep -h aggregate_decode $R/$BIG-f16-clients*.summary.json
+fi
+if want host; then
+step "host threads while the 1B shape decodes 400 tokens (CPU share per thread, per second)"
+BIG=${MODELS##* }
+timeout 90 python3 bench/gpu/thread_load.py "$B/kvb" generate --model $M/$BIG.gguf --backend cuda \
+  --dtype f16 --prompt "The history of the city" --max-new-tokens 400 2>&1 | tail -12
+if command -v nsys > /dev/null; then
+  step "nsys: device kernels and CUDA calls over 64 decode steps"
+  timeout 120 nsys profile -t cuda --stats=true -o /tmp/kvb-nsys -f true "$B/kvb" generate \
+    --model $M/$BIG.gguf --backend cuda --dtype f16 --prompt "The history of the city" \
+    --max-new-tokens 64 2>&1 | grep -v '^\s*$' | head -80
+else
+  echo "no nsys; $(ls /usr/local/cuda/bin 2>/dev/null | tr '\n' ' ')"; command -v perf gdb || true
+fi
 fi
 if want extra; then
 step "kvb CUDA, the default shape: without tensor cores, and f32"

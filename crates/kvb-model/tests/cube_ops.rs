@@ -1,5 +1,6 @@
 //! The CubeCL backends' fused row kernels (RMSNorm, with and without the residual add before it,
-//! the head split with RoPE, the gated activation) give the reference tensor ops' values on
+//! the head split with RoPE, the gated activation) and their few-row projections give the
+//! reference tensor ops' values on
 //! random shapes: rows that are no multiple of a cube's units, strided inputs, any positions,
 //! every head layout. One body per promise, run on every CubeCL backend compiled in: wgpu (CI
 //! runs it on Mesa's lavapipe) and CUDA (ignored tests, run with `-- --ignored` where an NVIDIA
@@ -14,7 +15,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Distribution, Element, Tensor};
 use kvb_model::backends::Cpu;
 use kvb_model::config::Activation;
-use kvb_model::model::{gated_activation_reference, rms_norm_reference};
+use kvb_model::model::{gated_activation_reference, rms_norm_reference, PROJECTION_KERNEL_ROWS};
 use kvb_model::rope::Rope;
 use kvb_model::{ModelBackend, ModelConfig};
 use proptest::prelude::*;
@@ -180,6 +181,46 @@ fn gated_matches<B: ModelBackend>(
     close::<B>(&got, &want, "gated activation")
 }
 
+/// A projection as the model holds it on a CubeCL backend: the weight `[out, in]` viewed
+/// transposed. Up to 16 contiguous rows take kvb's few-row kernel, others burn's matmul.
+fn linear_matches<B: ModelBackend>(
+    m: usize,
+    (k, n): (usize, usize),
+    strided: bool,
+    seed: u64,
+) -> Result<(), TestCaseError> {
+    let x = input::<B>(m, k, 1.0, strided, seed);
+    let w = input::<B>(n, k, 1.0, false, seed + 1).transpose();
+    let got = values(B::linear_matmul(x.clone(), w.clone()));
+    // Per output, in f64, with the sum of its terms' magnitudes: f32 sums taken in another
+    // order differ by a few ulps of that, however much the terms cancel.
+    let (xs, ws) = (values(x), values(w));
+    prop_assert_eq!(got.len(), m * n, "projection: length");
+    let output_rounding = match <B::FloatElem as Element>::dtype() {
+        DType::F16 | DType::BF16 => tolerance::<B>(),
+        _ => 0.0,
+    };
+    // Other inputs take burn's matmul, which on CUDA multiplies f32 on TF32 tensor cores
+    // (10-bit mantissas): its own precision, not this kernel's.
+    let kernel = m <= PROJECTION_KERNEL_ROWS && !strided;
+    let per_term = if kernel { 8.0 * f32::EPSILON } else { 2e-3 };
+    for (i, g) in got.iter().enumerate() {
+        let (r, c) = (i / n, i % n);
+        let terms = (0..k).map(|j| xs[r * k + j] as f64 * ws[j * n + c] as f64);
+        let (want, magnitude) = terms.fold((0.0, 0.0), |(s, a), t| (s + t, a + t.abs()));
+        let bound = per_term as f64 * magnitude + output_rounding as f64 * (1.0 + want.abs());
+        prop_assert!(
+            (*g as f64 - want).abs() <= bound,
+            "projection: value {} is {} where the terms sum to {} (bound {})",
+            i,
+            g,
+            want,
+            bound
+        );
+    }
+    Ok(())
+}
+
 /// The promises as tests of one backend module; `$ignore` marks backends that need hardware CI
 /// lacks.
 macro_rules! on_backend {
@@ -239,6 +280,18 @@ macro_rules! on_backend {
                 ) {
                     let act = if gelu { Activation::GeluTanh } else { Activation::Silu };
                     gated_matches::<B>(n, i, act, strided, seed)?;
+                }
+
+                #[test]
+                $(#[$ignore])?
+                fn cube_projection_matches_the_reference(
+                    m in 1usize..20,
+                    k in prop_oneof![1usize..40, 250usize..700],
+                    n in 1usize..300,
+                    strided in any::<bool>(),
+                    seed in 0u64..1000,
+                ) {
+                    linear_matches::<B>(m, (k, n), strided, seed)?;
                 }
             }
         }

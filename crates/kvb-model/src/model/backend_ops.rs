@@ -29,7 +29,16 @@ pub trait ModelBackend: AttentionBackend {
         false
     }
 
-    /// `x`: `[m, k]` times `w`: `[k, n]` (contiguous) -> `[m, n]`.
+    /// Whether dense projection weights are held `[out, in]` (PyTorch's layout) and multiplied
+    /// as a transposed view ([`ModelBackend::linear_matmul`] then gets a `[k, n]` tensor with
+    /// strides `[1, k]`), rather than `[in, out]` contiguous. Here no: burn-ndarray copies a
+    /// non-contiguous right-hand side on every product.
+    fn weights_out_in() -> bool {
+        false
+    }
+
+    /// `x`: `[m, k]` times `w`: `[k, n]` (contiguous, or the transposed view of an `[n, k]`
+    /// matrix where [`ModelBackend::weights_out_in`]) -> `[m, n]`.
     fn linear_matmul(x: Tensor<Self, 2>, w: Tensor<Self, 2>) -> Tensor<Self, 2> {
         x.matmul(w)
     }

@@ -12,10 +12,11 @@ use burn::tensor::{Int, Tensor, TensorData};
 use kvb_attn::{float_on, host_work};
 use std::sync::Arc;
 
-/// `y = x W + b` with `W` stored `[in, out]`, contiguous.
+/// `y = x W + b` with `W` `[in, out]`: contiguous, or the transposed view of PyTorch's
+/// `[out, in]` where the backend asks for it ([`ModelBackend::weights_out_in`]).
 ///
-/// PyTorch stores `[out, in]`; the transpose is done once at load because burn-ndarray copies a
-/// non-contiguous right-hand side on every matmul, which would dominate a decode step.
+/// On the CPU the transpose is done once at load because burn-ndarray copies a non-contiguous
+/// right-hand side on every matmul, which would dominate a decode step.
 #[derive(Debug, Clone)]
 pub struct Linear<B: ModelBackend> {
     pub(super) weight: LinearWeight<B>,
@@ -94,23 +95,29 @@ impl<B: ModelBackend> Linear<B> {
     pub fn from_torch(weights: &[HostTensor], bias: Option<Vec<f32>>, device: &B::Device) -> Self {
         let cols = weights[0].shape[1];
         let rows: usize = weights.iter().map(|w| w.shape[0]).sum();
-        let mut t = vec![0f32; rows * cols];
-        let mut row0 = 0;
-        for w in weights {
-            let r = w.shape[0];
-            transpose_into(&w.data, r, cols, &mut t, rows, row0);
-            row0 += r;
-        }
+        let weight = if B::weights_out_in() {
+            let mut t = Vec::with_capacity(rows * cols);
+            for w in weights {
+                t.extend_from_slice(&w.data);
+            }
+            out_in_view(t, rows, cols, device)
+        } else {
+            let mut t = vec![0f32; rows * cols];
+            let mut row0 = 0;
+            for w in weights {
+                let r = w.shape[0];
+                transpose_into(&w.data, r, cols, &mut t, rows, row0);
+                row0 += r;
+            }
+            Tensor::from_data(TensorData::new(t, [cols, rows]), float_on::<B>(device))
+        };
         Linear {
-            weight: LinearWeight::Dense(Tensor::from_data(
-                TensorData::new(t, [cols, rows]),
-                float_on::<B>(device),
-            )),
+            weight: LinearWeight::Dense(weight),
             bias: bias_tensor(bias, device),
         }
     }
 
-    /// Builds from a weight already laid out `[in, out]`.
+    /// Builds from a weight `[in, out]` as [`ModelBackend::linear_matmul`] takes it.
     pub fn from_in_out(weight: Tensor<B, 2>) -> Self {
         Linear {
             weight: LinearWeight::Dense(weight),
@@ -127,6 +134,13 @@ impl<B: ModelBackend> Linear<B> {
     ) -> Self {
         let weight = if B::runs_packed_weights() {
             LinearWeight::Packed(weight)
+        } else if B::weights_out_in() {
+            LinearWeight::Dense(out_in_view(
+                weight.to_torch_layout(),
+                weight.n(),
+                weight.k(),
+                device,
+            ))
         } else {
             LinearWeight::Dense(Tensor::from_data(
                 TensorData::new(weight.to_dense(), [weight.k(), weight.n()]),
@@ -178,6 +192,16 @@ impl<B: ModelBackend> Linear<B> {
     pub fn weight_bytes(&self) -> usize {
         self.weight.bytes()
     }
+}
+
+/// `[in, out]` as the transposed view of `t`, held `[out, in]` (`rows` outputs of `cols`).
+fn out_in_view<B: ModelBackend>(
+    t: Vec<f32>,
+    rows: usize,
+    cols: usize,
+    device: &B::Device,
+) -> Tensor<B, 2> {
+    Tensor::<B, 2>::from_data(TensorData::new(t, [rows, cols]), float_on::<B>(device)).transpose()
 }
 
 fn bias_tensor<B: ModelBackend>(

@@ -29,6 +29,9 @@ pub use backend_ops::{
 };
 pub use batch::{ForwardBatch, SeqRows};
 pub use bf16_compute::ComputePrecision;
+/// Rows up to which a CubeCL backend multiplies a projection in kvb's own kernel.
+#[cfg(feature = "cube")]
+pub use cube_ops::PROJECTION_KERNEL_ROWS;
 pub use layers::{activate, Embedding, Linear, RmsNorm};
 pub use precision::WeightPrecision;
 pub use q8_activations::ActivationPrecision;
@@ -80,8 +83,8 @@ pub struct Model<B: ModelBackend> {
     embed: Embedding<B>,
     blocks: Vec<Block<B>>,
     norm: RmsNorm<B>,
-    /// `[hidden, vocab]` (a transposed copy of the embedding when tied and f32; the same
-    /// packed matrix when packed).
+    /// `[hidden, vocab]` (when tied: a transposed copy of the embedding on the CPU, its
+    /// transposed view where weights are held `[out, in]`, the same packed matrix when packed).
     lm_head: Linear<B>,
     /// The precision the weights were asked for.
     precision: WeightPrecision,
@@ -273,6 +276,7 @@ impl<B: ModelBackend> Model<B> {
             .sum();
         let head = match (&self.embed, self.config.tie_word_embeddings) {
             (Embedding::Packed(_), true) => 0,
+            (Embedding::Dense(_), true) if B::weights_out_in() => 0,
             #[cfg(feature = "ndarray")]
             (Embedding::IntDot(_), true) => 0,
             _ => self.lm_head.weight_bytes(),

@@ -1,6 +1,6 @@
 //! The CubeCL backends' overrides of [`ModelBackend`] (wgpu, CUDA): RMSNorm (with the residual add
 //! before it), the head split with RoPE, and the gated activation, each one kernel launch instead
-//! of a chain of burn ops.
+//! of a chain of burn ops, and a decode step's projections in a kernel that launches as cheaply.
 //!
 //! A decode step on a GPU is bound by the host, not the device: each burn op is a launch (a
 //! round of host work: binding, caching, queueing), and burn 0.21 without its `fusion` feature
@@ -16,8 +16,11 @@
 //! instead, to compare, or to work around a driver that miscompiles a kernel.
 
 mod gated;
+mod projection;
 mod rms_norm;
 mod rope;
+
+pub use projection::MAX_ROWS as PROJECTION_KERNEL_ROWS;
 
 use super::backend_ops::{self, ModelBackend};
 use crate::config::Activation;
@@ -85,6 +88,27 @@ where
 
     fn samples_on_device() -> bool {
         true
+    }
+
+    /// A decode step's products (up to [`projection::MAX_ROWS`] rows) in kvb's own kernel;
+    /// longer inputs (prefill) in burn's autotuned ones, whose host work per call is amortised.
+    fn linear_matmul(x: Tensor<Self, 2>, w: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        if kernels_chosen() {
+            // The weight as held, `[out, in]`.
+            let (xc, wc) = (cube(x.clone()), cube(w.clone().transpose()));
+            if projection::fits(&xc, &wc) {
+                return burn(projection::launch(xc, wc));
+            }
+        }
+        x.matmul(w)
+    }
+
+    /// burn-cubecl's matrix-vector kernels (a decode step's products) are written for a
+    /// column-major right-hand side; with `[in, out]` rows the autotuner has only slow ones.
+    /// `KVB_GPU_WEIGHTS=in-out` holds them `[in, out]` as before, to compare.
+    fn weights_out_in() -> bool {
+        static OUT_IN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *OUT_IN.get_or_init(|| !std::env::var("KVB_GPU_WEIGHTS").is_ok_and(|v| v == "in-out"))
     }
 
     fn add_rms_norm(
