@@ -182,7 +182,8 @@ fn gated_matches<B: ModelBackend>(
 }
 
 /// A projection as the model holds it on a CubeCL backend: the weight `[out, in]` viewed
-/// transposed. Up to 16 contiguous rows take kvb's few-row kernel, others burn's matmul.
+/// transposed. Up to 16 rows (contiguous, padded as CUDA pads them, or a column slice) take
+/// kvb's few-row kernel, more rows burn's matmul.
 fn linear_matches<B: ModelBackend>(
     m: usize,
     (k, n): (usize, usize),
@@ -200,10 +201,15 @@ fn linear_matches<B: ModelBackend>(
         DType::F16 | DType::BF16 => tolerance::<B>(),
         _ => 0.0,
     };
-    // Other inputs take burn's matmul, which on CUDA multiplies f32 on TF32 tensor cores
-    // (10-bit mantissas): its own precision, not this kernel's.
-    let kernel = m <= PROJECTION_KERNEL_ROWS && !strided;
-    let per_term = if kernel { 8.0 * f32::EPSILON } else { 2e-3 };
+    // The kernel's f32 sum of one output goes through a product, up to k/32 additions in a
+    // unit and five in the group's tree: an ulp of the terms' magnitude for each. More rows
+    // take burn's matmul, which on CUDA multiplies f32 on TF32 tensor cores (10-bit
+    // mantissas): its own precision, not this kernel's.
+    let per_term = if m <= PROJECTION_KERNEL_ROWS {
+        (k.div_ceil(32) + 8) as f32 * f32::EPSILON
+    } else {
+        2e-3
+    };
     for (i, g) in got.iter().enumerate() {
         let (r, c) = (i / n, i % n);
         let terms = (0..k).map(|j| xs[r * k + j] as f64 * ws[j * n + c] as f64);

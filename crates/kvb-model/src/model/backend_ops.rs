@@ -31,7 +31,8 @@ pub trait ModelBackend: AttentionBackend {
 
     /// Whether dense projection weights are held `[out, in]` (PyTorch's layout) and multiplied
     /// as a transposed view ([`ModelBackend::linear_matmul`] then gets a `[k, n]` tensor with
-    /// strides `[1, k]`), rather than `[in, out]` contiguous. Here no: burn-ndarray copies a
+    /// strides `[1, k]`, or `[1, pitch]` where the device pads rows), rather than `[in, out]`
+    /// contiguous. Here no: burn-ndarray copies a
     /// non-contiguous right-hand side on every product.
     fn weights_out_in() -> bool {
         false

@@ -61,6 +61,10 @@ impl<B: ModelBackend> LinearWeight<B> {
     /// The weight rounded to bf16.
     fn rounded_to_bf16(&self, device: &B::Device) -> Result<Self> {
         Ok(match self {
+            // Rounded as held, `[out, in]`, so the view (and the backend's kernels) stay.
+            LinearWeight::Dense(w) if B::weights_out_in() => {
+                LinearWeight::Dense(round_tensor(w.clone().transpose())?.transpose())
+            }
             LinearWeight::Dense(w) => LinearWeight::Dense(round_tensor(w.clone())?),
             LinearWeight::Packed(p) => match rounded_packed(p)? {
                 Some(r) => LinearWeight::Packed(Arc::new(r)),
@@ -132,7 +136,13 @@ impl<B: ModelBackend> Model<B> {
     pub fn with_bf16_compute(&self) -> Result<Self> {
         let mut m = self.clone();
         m.embed = self.embed.rounded_to_bf16(&self.device)?;
-        m.lm_head = self.lm_head.rounded_to_bf16(&self.device)?;
+        m.lm_head = match (&m.embed, self.config.tie_word_embeddings) {
+            // One copy serves both, as at load (see `precision::embedding_and_tied_head`).
+            (Embedding::Dense(t), true) if B::weights_out_in() => {
+                Linear::from_in_out(t.clone().transpose())
+            }
+            _ => self.lm_head.rounded_to_bf16(&self.device)?,
+        };
         m.norm = self.norm.rounded_to_bf16()?;
         for b in &mut m.blocks {
             b.attn_norm = b.attn_norm.rounded_to_bf16()?;

@@ -28,8 +28,8 @@ const OUTPUTS_PER_CUBE: usize = 4;
 
 #[cube(launch)]
 fn projection_kernel<F: Float, A: Float, N: Size>(
-    x: &Tensor<Vector<F, N>>, // [m, k], contiguous
-    w: &Tensor<Vector<F, N>>, // [n, k], contiguous: the weight's [out, in]
+    x: &Tensor<Vector<F, N>>, // [m, k], rows of unit stride (CUDA pads rows: any row stride)
+    w: &Tensor<Vector<F, N>>, // [n, k], the same: the weight's [out, in]
     out: &mut Tensor<F>,      // [m, n], contiguous
     #[comptime] rows: usize,
     #[comptime] plane: bool,
@@ -42,6 +42,9 @@ fn projection_kernel<F: Float, A: Float, N: Size>(
     let m = x.shape(0);
     let n = w.shape(0);
     let k_vectors = w.shape(1) / w.vector_size();
+    // Row strides in vectors (the launch picks a vector width that divides them).
+    let x_row = x.stride(0) / x.vector_size();
+    let w_row = w.stride(0) / w.vector_size();
 
     // One scalar sum per row: vector sums for 16 rows held 128 registers a unit, too few units
     // then fit an SM to keep the loads in flight (a third of the bandwidth on an H100).
@@ -54,11 +57,11 @@ fn projection_kernel<F: Float, A: Float, N: Size>(
         let steps = (k_vectors + group - 1 - lane) / group;
         for s in 0..steps {
             let i = lane + s * group;
-            let wv = Vector::<A, N>::cast_from(w[col * k_vectors + i]);
+            let wv = Vector::<A, N>::cast_from(w[col * w_row + i]);
             #[unroll]
             for r in 0..rows {
                 if r < m {
-                    let xv = Vector::<A, N>::cast_from(x[r * k_vectors + i]);
+                    let xv = Vector::<A, N>::cast_from(x[r * x_row + i]);
                     acc[r] += A::cast_from(Vector::vector_sum(xv * wv));
                 }
             }
@@ -106,21 +109,29 @@ fn projection_kernel<F: Float, A: Float, N: Size>(
 }
 
 /// Whether [`launch`] takes `x` `[m, k]` times the transpose of `w` `[n, k]`: at most
-/// [`MAX_ROWS`] rows, both contiguous, and cubes enough on one axis.
+/// [`MAX_ROWS`] rows, both with rows of unit stride (CUDA's allocator pads rows to its pitch, so
+/// row strides may exceed `k`), one dtype, and cubes enough on one axis.
 pub(super) fn fits<R: CubeRuntime>(x: &CubeTensor<R>, w: &CubeTensor<R>) -> bool {
     let ([m, k], [n, wk]) = (dims(x), dims(w));
-    let cubes = n.div_ceil(OUTPUTS_PER_CUBE);
-    let max_cubes = x.client.properties().hardware.max_cube_count.0 as usize;
-    let max_units = x.client.properties().hardware.max_cube_dim.0 as usize;
+    let hardware = &x.client.properties().hardware;
     (1..=MAX_ROWS).contains(&m)
         && k > 0
         && wk == k
         && n > 0
         && x.dtype == w.dtype
-        && x.meta.strides[..] == [k, 1]
-        && w.meta.strides[..] == [k, 1]
-        && cubes <= max_cubes
-        && GROUP * OUTPUTS_PER_CUBE <= max_units
+        && x.meta.strides[1] == 1
+        && w.meta.strides[1] == 1
+        && (m == 1 || x.meta.strides[0] >= k)
+        && w.meta.strides[0] >= k
+        && n.div_ceil(OUTPUTS_PER_CUBE) <= hardware.max_cube_count.0 as usize
+        && GROUP * OUTPUTS_PER_CUBE <= hardware.max_units_per_cube as usize
+        && GROUP <= hardware.max_cube_dim.0 as usize
+        && OUTPUTS_PER_CUBE <= hardware.max_cube_dim.1 as usize
+}
+
+/// Elements from the start of `t`'s buffer to its first value (a slice's offset).
+fn offset_elements<R: CubeRuntime>(t: &CubeTensor<R>) -> usize {
+    t.handle.offset_start.unwrap_or(0) as usize / t.dtype.size()
 }
 
 fn dims<R: CubeRuntime>(t: &CubeTensor<R>) -> [usize; 2] {
@@ -137,12 +148,21 @@ pub(super) fn launch<R: CubeRuntime>(x: CubeTensor<R>, w: CubeTensor<R>) -> Cube
         vec![m, n].into(),
         dtype,
     );
-    // The widest load the device optimises that divides a row (so every row's vectors start
-    // on a boundary): 8 halves on CUDA, 4 on wgpu, whose shaders have no wider vectors.
+    // The widest load the device optimises (8 halves on CUDA, 4 on wgpu, whose shaders have no
+    // wider vectors) that divides a row, the row strides and the offsets, so that every row's
+    // vectors start on a boundary.
+    let x_row = if m == 1 { k } else { x.meta.strides[0] };
+    let aligned = [
+        k,
+        x_row,
+        w.meta.strides[0],
+        offset_elements(&x),
+        offset_elements(&w),
+    ];
     let vector = x
         .client
         .io_optimized_vector_sizes(dtype.size())
-        .find(|v| k % v == 0)
+        .find(|v| aligned.iter().all(|a| a % v == 0))
         .unwrap_or(1);
     let props = x.client.properties();
     let plane = props.features.plane.contains(Plane::Ops)
@@ -161,4 +181,47 @@ pub(super) fn launch<R: CubeRuntime>(x: CubeTensor<R>, w: CubeTensor<R>) -> Cube
         [dtype.into(), DType::F32.into()],
     );
     out
+}
+
+#[cfg(all(test, feature = "wgpu"))]
+mod tests {
+    use super::*;
+    use burn::tensor::{Tensor, TensorData, TensorPrimitive};
+
+    type B = burn::backend::Wgpu<f32, i32>;
+
+    /// Rows whose stride exceeds `k` (CUDA pads rows to its pitch; wgpu never does, so the test
+    /// narrows a wider tensor's shape) take the kernel, with vectors that divide the stride or
+    /// with none, and read each row from its own start.
+    #[test]
+    fn padded_rows_take_the_kernel() {
+        let dev = Default::default();
+        let (m, k, n) = (3, 20, 5);
+        for pad in [4, 1] {
+            let row = k + pad;
+            let value = |i: usize, a: usize| ((i * a % 101) as f32 - 50.0) / 25.0;
+            let xs: Vec<f32> = (0..m * row).map(|i| value(i, 37)).collect();
+            let ws: Vec<f32> = (0..n * row).map(|i| value(i, 53)).collect();
+            let padded = |v: &[f32], rows: usize| {
+                let t = Tensor::<B, 2>::from_data(TensorData::new(v.to_vec(), [rows, row]), &dev);
+                let mut t = t.into_primitive().tensor();
+                t.meta.shape_mut()[1] = k;
+                t
+            };
+            let (x, w) = (padded(&xs, m), padded(&ws, n));
+            assert!(fits(&x, &w), "pad {pad}");
+            let got = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(launch(x, w)))
+                .into_data()
+                .to_vec::<f32>()
+                .unwrap();
+            for (i, g) in got.iter().enumerate() {
+                let (r, c) = (i / n, i % n);
+                let want: f32 = (0..k).map(|j| xs[r * row + j] * ws[c * row + j]).sum();
+                assert!(
+                    (g - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                    "pad {pad}, {i}: {g} vs {want}"
+                );
+            }
+        }
+    }
 }
