@@ -22,7 +22,8 @@
 //! Backends are cargo features: `ndarray` (default), `wgpu`, `cuda`; the code is one generic path.
 //! A backend overrides a row operation only where it has a measured reason to ([`ModelBackend`]):
 //! burn-ndarray with fused CPU passes, the CubeCL backends with one kernel each for RMSNorm, the
-//! head split with RoPE and the gated activation. A GPU backend may hold f16 or bf16
+//! head split with RoPE and the gated activation, and a decode step's projections (up to 16 rows)
+//! over weights held `[out, in]` (`tests/cube_ops.rs`). A GPU backend may hold f16 or bf16
 //! ([`FloatDtype`], `--dtype`): its kernels sum in f32 and round once on write, and every
 //! tensor kvb creates names the backend's float type ([`float_on`]; `tests/wgpu_backend.rs` runs the
 //! tiny families in f16 against f32).
