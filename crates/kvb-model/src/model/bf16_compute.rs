@@ -136,11 +136,9 @@ impl<B: ModelBackend> Model<B> {
     pub fn with_bf16_compute(&self) -> Result<Self> {
         let mut m = self.clone();
         m.embed = self.embed.rounded_to_bf16(&self.device)?;
-        m.lm_head = match (&m.embed, self.config.tie_word_embeddings) {
-            // One copy serves both, as at load (see `precision::embedding_and_tied_head`).
-            (Embedding::Dense(t), true) if B::weights_out_in() => {
-                Linear::from_in_out(t.clone().transpose())
-            }
+        // One copy serves both where it did at load.
+        m.lm_head = match m.embed.head_view() {
+            Some(head) if self.config.tie_word_embeddings => head,
             _ => self.lm_head.rounded_to_bf16(&self.device)?,
         };
         m.norm = self.norm.rounded_to_bf16()?;

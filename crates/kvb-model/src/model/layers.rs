@@ -250,6 +250,18 @@ pub enum Embedding<B: ModelBackend> {
 }
 
 impl<B: ModelBackend> Embedding<B> {
+    /// A tied LM head that is this table itself, with no copy: its transposed view, where the
+    /// backend holds dense weights `[out, in]`. `None` for a dense table elsewhere (the CPU
+    /// multiplies a transposed copy) and for packed tables (their head shares the matrix).
+    pub(super) fn head_view(&self) -> Option<Linear<B>> {
+        match self {
+            Embedding::Dense(t) if B::weights_out_in() => {
+                Some(Linear::from_in_out(t.clone().transpose()))
+            }
+            _ => None,
+        }
+    }
+
     /// From host values `[vocab, hidden]`.
     pub fn dense(t: HostTensor, device: &B::Device) -> Self {
         let shape = [t.shape[0], t.shape[1]];

@@ -276,7 +276,7 @@ impl<B: ModelBackend> Model<B> {
             .sum();
         let head = match (&self.embed, self.config.tie_word_embeddings) {
             (Embedding::Packed(_), true) => 0,
-            (Embedding::Dense(_), true) if B::weights_out_in() => 0,
+            (e @ Embedding::Dense(_), true) if e.head_view().is_some() => 0,
             #[cfg(feature = "ndarray")]
             (Embedding::IntDot(_), true) => 0,
             _ => self.lm_head.weight_bytes(),

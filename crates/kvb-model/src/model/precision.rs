@@ -194,12 +194,8 @@ pub(super) fn embedding_and_tied_head<B: ModelBackend>(
         None => embed.into_f32(),
     };
     if B::weights_out_in() {
-        // The head `[out, in]` is the table itself: one copy serves both.
         let table = Embedding::dense(host, device);
-        let head = match (&table, tied) {
-            (Embedding::Dense(t), true) => Some(Linear::from_in_out(t.clone().transpose())),
-            _ => None,
-        };
+        let head = if tied { table.head_view() } else { None };
         return Ok((table, head));
     }
     let head = tied.then(|| Linear::from_torch(std::slice::from_ref(&host), None, device));
