@@ -179,9 +179,10 @@ pub(crate) mod avx2 {
         let p = cell.as_ptr();
         let v = p.add(values.head_bytes());
         if values.is_k_quant() {
+            let ahead = p.wrapping_add(super::kcells::AHEAD * values.cell_bytes(rows));
             macro_rules! run {
                 ($k:expr) => {
-                    super::kcells::avx2::each_row::<1, $k>([p], |r, [w]| {
+                    super::kcells::avx2::each_row::<1, $k>([p], [ahead], |r, [w]| {
                         _mm256_storeu_ps(out.add(r * stride), *w)
                     })
                 };
@@ -304,9 +305,11 @@ pub(crate) mod avx512 {
         let head = values.head_bytes();
         let [a, b] = cells;
         if values.is_k_quant() {
+            let bytes = values.cell_bytes(super::kcells::ROWS);
+            let ahead = cells.map(|c| c.wrapping_add(super::kcells::AHEAD * bytes));
             macro_rules! run {
                 ($k:expr) => {
-                    super::kcells::avx512::each_row::<1, $k>([cells], |r, [w]| {
+                    super::kcells::avx512::each_row::<1, $k>([cells], [ahead], |r, [w]| {
                         _mm512_storeu_ps(out.add(r * stride), *w)
                     })
                 };

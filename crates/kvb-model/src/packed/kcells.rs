@@ -109,26 +109,43 @@ pub(crate) fn value_bytes(values: CellValues) -> usize {
         }
 }
 
-/// Stores `block` as lane `lane` of `cell`.
-pub(crate) fn put(values: CellValues, cell: &mut [u8], lane: usize, block: &KBlock) {
+/// Stores `blocks` (at most [`GROUP`]: the group's columns, in order) as the lanes of `cell`,
+/// writing the cell's bytes in order, each once (a load re-lays every weight of the file);
+/// lanes past the last block stay as they are.
+pub(crate) fn put(values: CellValues, cell: &mut [u8], blocks: &[KBlock]) {
     let at = Layout::of(values);
-    cell[lane * 2..lane * 2 + 2].copy_from_slice(&block.d);
-    if values != CellValues::Q6K {
-        cell[at.dmin + lane * 2..at.dmin + lane * 2 + 2].copy_from_slice(&block.dmin);
-    }
-    for s in 0..ROWS / at.sub_rows {
-        cell[at.sc + s * GROUP + lane] = block.sc[s];
+    for (lane, block) in blocks.iter().enumerate() {
+        cell[lane * 2..lane * 2 + 2].copy_from_slice(&block.d);
         if values != CellValues::Q6K {
-            cell[at.m + s * GROUP + lane] = block.m[s];
+            cell[at.dmin + lane * 2..at.dmin + lane * 2 + 2].copy_from_slice(&block.dmin);
+        }
+        for s in 0..ROWS / at.sub_rows {
+            cell[at.sc + s * GROUP + lane] = block.sc[s];
+            if values != CellValues::Q6K {
+                cell[at.m + s * GROUP + lane] = block.m[s];
+            }
         }
     }
-    for (r, &q) in block.q.iter().enumerate() {
-        cell[at.nibbles + r / 2 * GROUP + lane] |= (q & 0x0f) << (4 * (r % 2));
-        let high = q >> 4;
-        match values {
-            CellValues::Q5K => cell[at.high + r / 8 * GROUP + lane] |= (high & 1) << (r % 8),
-            CellValues::Q6K => cell[at.high + r / 4 * GROUP + lane] |= (high & 3) << (2 * (r % 4)),
-            _ => {}
+    for p in 0..ROWS / 2 {
+        let bytes = &mut cell[at.nibbles + p * GROUP..][..blocks.len()];
+        for (byte, block) in bytes.iter_mut().zip(blocks) {
+            *byte = (block.q[2 * p] & 0x0f) | (block.q[2 * p + 1] & 0x0f) << 4;
+        }
+    }
+    let (bits, mask) = match values {
+        CellValues::Q5K => (1, 1),
+        CellValues::Q6K => (2, 3),
+        _ => return,
+    };
+    let per_byte = 8 / bits;
+    for b in 0..ROWS / per_byte {
+        let bytes = &mut cell[at.high + b * GROUP..][..blocks.len()];
+        for (byte, block) in bytes.iter_mut().zip(blocks) {
+            let run = &block.q[b * per_byte..(b + 1) * per_byte];
+            *byte = run
+                .iter()
+                .enumerate()
+                .fold(0u8, |acc, (i, q)| acc | ((q >> 4) & mask) << (bits * i));
         }
     }
 }
@@ -181,6 +198,52 @@ pub(crate) fn prefetch_part(cell: *const u8, bytes: usize, s: usize, parts: usiz
     }
 }
 
+/// Rows `2p` and `2p + 1` of a run of 8 (a byte per lane: 8 or 16) of a Q5_K or Q6_K cell:
+/// their low nibbles from `nibbles`, their top bits from the run's `high` bytes, joined in
+/// bytes before widening (a 16-byte operation per row instead of several on 8 or 16 words);
+/// Q6_K's values as signed bytes less 32: the integers [`parts`] defines.
+///
+/// # Safety
+/// None beyond SSE2, which every x86_64 has.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn six_bit_pair<const K: u8>(
+    nibbles: std::arch::x86_64::__m128i,
+    high: [std::arch::x86_64::__m128i; 2],
+    p: usize,
+) -> [std::arch::x86_64::__m128i; 2] {
+    use std::arch::x86_64::*;
+    let mask = _mm_set1_epi8(0x0f);
+    let lo = _mm_and_si128(nibbles, mask);
+    let hi = _mm_and_si128(_mm_srli_epi16::<4>(nibbles), mask);
+    // Each row's bits moved to bit 4 (16-bit shifts: what crosses a byte is masked off).
+    let (lo_bits, hi_bits) = if K == KIND_Q6K {
+        let (h, top) = (high[p / 2], _mm_set1_epi8(0x30));
+        let (l, u) = if p % 2 == 0 {
+            (_mm_slli_epi16::<4>(h), _mm_slli_epi16::<2>(h))
+        } else {
+            (h, _mm_srli_epi16::<2>(h))
+        };
+        (_mm_and_si128(l, top), _mm_and_si128(u, top))
+    } else {
+        let (h, top) = (high[0], _mm_set1_epi8(0x10));
+        let (l, u) = match p {
+            0 => (_mm_slli_epi16::<4>(h), _mm_slli_epi16::<3>(h)),
+            1 => (_mm_slli_epi16::<2>(h), _mm_slli_epi16::<1>(h)),
+            2 => (h, _mm_srli_epi16::<1>(h)),
+            _ => (_mm_srli_epi16::<2>(h), _mm_srli_epi16::<3>(h)),
+        };
+        (_mm_and_si128(l, top), _mm_and_si128(u, top))
+    };
+    let (lo, hi) = (_mm_or_si128(lo, lo_bits), _mm_or_si128(hi, hi_bits));
+    if K == KIND_Q6K {
+        let bias = _mm_set1_epi8(32);
+        [_mm_sub_epi8(lo, bias), _mm_sub_epi8(hi, bias)]
+    } else {
+        [lo, hi]
+    }
+}
+
 /// AVX2 pieces (8 lanes: one group).
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
@@ -198,6 +261,12 @@ pub(crate) mod avx2 {
         }
     }
 
+    /// The 8 bytes at `p` in the low half of a register.
+    #[inline(always)]
+    unsafe fn raw8(p: *const u8) -> __m128i {
+        _mm_loadl_epi64(p as *const __m128i)
+    }
+
     /// Calls `row(r, w)` with each row's weights of `U` cells of kind `K` (one per group, `w[i]` from
     /// `cells[i]`), in row order: per sub-block each cell's scale `d * sc` and offset
     /// `-(dmin * m)` formed once (exact products), then `fma(scale, q, offset)` per row, as the
@@ -211,6 +280,7 @@ pub(crate) mod avx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn each_row<const U: usize, const K: u8>(
         cells: [*const u8; U],
+        ahead: [*const u8; U],
         mut row: impl FnMut(usize, &[__m256; U]),
     ) {
         // The type as a constant, so that no test of it is left in the loops.
@@ -224,24 +294,13 @@ pub(crate) mod avx2 {
             dmin[i] = _mm256_cvtph_ps(_mm_loadu_si128(cells[i].add(at.dmin) as *const __m128i));
         }
         let sign = _mm256_set1_ps(-0.0);
-        let (low, two, one) = (
-            _mm256_set1_epi32(0x0f),
-            _mm256_set1_epi32(3),
-            _mm256_set1_epi32(1),
-        );
-        let bias = _mm256_set1_epi32(if q6 { 32 } else { 0 });
+        let low = _mm256_set1_epi32(0x0f);
         let mut scale = [_mm256_setzero_ps(); U];
         let mut offset = [sign; U];
-        let mut high = [[_mm256_setzero_si256(); 2]; U];
         let (subs, bytes_of_cell) = (ROWS / at.sub_rows, values.cell_bytes(ROWS));
         for s in 0..subs {
-            for cell in cells {
-                prefetch_part(
-                    cell.wrapping_add(AHEAD * bytes_of_cell),
-                    bytes_of_cell,
-                    s,
-                    subs,
-                );
+            for cell in ahead {
+                prefetch_part(cell, bytes_of_cell, s, subs);
             }
             for i in 0..U {
                 let sc = _mm256_cvtepi32_ps(bytes(cells[i].add(at.sc + s * GROUP), q6));
@@ -254,17 +313,35 @@ pub(crate) mod avx2 {
             // Rows in runs of 8 (one byte of Q5_K's fifth bits, two of Q6_K's top bits).
             for run in 0..at.sub_rows / 8 {
                 let r0 = s * at.sub_rows + run * 8;
-                for (i, h) in high.iter_mut().enumerate() {
-                    match values {
-                        CellValues::Q5K => {
-                            h[0] = bytes(cells[i].add(at.high + r0 / 8 * GROUP), false)
+                if values != CellValues::Q4K {
+                    let mut high = [[_mm_setzero_si128(); 2]; U];
+                    for (i, h) in high.iter_mut().enumerate() {
+                        let at_high = |row: usize| cells[i].add(at.high + row * GROUP);
+                        match values {
+                            CellValues::Q5K => h[0] = raw8(at_high(r0 / 8)),
+                            _ => *h = [raw8(at_high(r0 / 4)), raw8(at_high(r0 / 4 + 1))],
                         }
-                        CellValues::Q6K => {
-                            h[0] = bytes(cells[i].add(at.high + r0 / 4 * GROUP), false);
-                            h[1] = bytes(cells[i].add(at.high + (r0 / 4 + 1) * GROUP), false);
-                        }
-                        _ => {}
                     }
+                    for p in 0..4 {
+                        let r = r0 + 2 * p;
+                        let mut w = [[_mm256_setzero_ps(); U]; 2];
+                        for i in 0..U {
+                            let nib = raw8(cells[i].add(at.nibbles + r / 2 * GROUP));
+                            let pair = six_bit_pair::<K>(nib, high[i], p);
+                            for (half, q) in pair.into_iter().enumerate() {
+                                let q = if q6 {
+                                    _mm256_cvtepi8_epi32(q)
+                                } else {
+                                    _mm256_cvtepu8_epi32(q)
+                                };
+                                let q = _mm256_cvtepi32_ps(q);
+                                w[half][i] = _mm256_fmadd_ps(scale[i], q, offset[i]);
+                            }
+                        }
+                        row(r, &w[0]);
+                        row(r + 1, &w[1]);
+                    }
+                    continue;
                 }
                 for p in 0..4 {
                     let r = r0 + 2 * p;
@@ -274,27 +351,6 @@ pub(crate) mod avx2 {
                         let nib = bytes(cells[i].add(at.nibbles + r / 2 * GROUP), false);
                         lo[i] = _mm256_and_si256(nib, low);
                         hi[i] = _mm256_srli_epi32::<4>(nib);
-                        match values {
-                            CellValues::Q5K => {
-                                let h =
-                                    _mm256_srl_epi32(high[i][0], _mm_cvtsi32_si128(2 * p as i32));
-                                let b = _mm256_slli_epi32::<4>(_mm256_and_si256(h, one));
-                                lo[i] = _mm256_or_si256(lo[i], b);
-                                let h = _mm256_srli_epi32::<1>(h);
-                                let b = _mm256_slli_epi32::<4>(_mm256_and_si256(h, one));
-                                hi[i] = _mm256_or_si256(hi[i], b);
-                            }
-                            CellValues::Q6K => {
-                                let shift = _mm_cvtsi32_si128(4 * (p % 2) as i32);
-                                let h = _mm256_srl_epi32(high[i][p / 2], shift);
-                                let b = _mm256_slli_epi32::<4>(_mm256_and_si256(h, two));
-                                lo[i] = _mm256_sub_epi32(_mm256_or_si256(lo[i], b), bias);
-                                let h = _mm256_srli_epi32::<2>(h);
-                                let b = _mm256_slli_epi32::<4>(_mm256_and_si256(h, two));
-                                hi[i] = _mm256_sub_epi32(_mm256_or_si256(hi[i], b), bias);
-                            }
-                            _ => {}
-                        }
                     }
                     let mut w = [_mm256_setzero_ps(); U];
                     for i in 0..U {
@@ -348,6 +404,7 @@ pub(crate) mod avx512 {
     #[target_feature(enable = "avx512f")]
     pub(crate) unsafe fn each_row<const U: usize, const K: u8>(
         cells: [[*const u8; 2]; U],
+        ahead: [[*const u8; 2]; U],
         mut row: impl FnMut(usize, &[__m512; U]),
     ) {
         // The type as a constant, so that no test of it is left in the loops.
@@ -361,24 +418,13 @@ pub(crate) mod avx512 {
             dmin[i] = halves(cells[i], at.dmin);
         }
         let sign = _mm512_castps_si512(_mm512_set1_ps(-0.0));
-        let (low, two, one) = (
-            _mm512_set1_epi32(0x0f),
-            _mm512_set1_epi32(3),
-            _mm512_set1_epi32(1),
-        );
-        let bias = _mm512_set1_epi32(if q6 { 32 } else { 0 });
+        let low = _mm512_set1_epi32(0x0f);
         let mut scale = [_mm512_setzero_ps(); U];
         let mut offset = [_mm512_castsi512_ps(sign); U];
-        let mut high = [[_mm512_setzero_si512(); 2]; U];
         let (subs, bytes_of_cell) = (ROWS / at.sub_rows, values.cell_bytes(ROWS));
         for s in 0..subs {
-            for cell in cells.iter().flatten() {
-                prefetch_part(
-                    cell.wrapping_add(AHEAD * bytes_of_cell),
-                    bytes_of_cell,
-                    s,
-                    subs,
-                );
+            for cell in ahead.iter().flatten() {
+                prefetch_part(*cell, bytes_of_cell, s, subs);
             }
             for i in 0..U {
                 let sc = bytes(cells[i], at.sc + s * GROUP, q6);
@@ -391,15 +437,44 @@ pub(crate) mod avx512 {
             }
             for run in 0..at.sub_rows / 8 {
                 let r0 = s * at.sub_rows + run * 8;
-                for (i, h) in high.iter_mut().enumerate() {
-                    match values {
-                        CellValues::Q5K => h[0] = bytes(cells[i], at.high + r0 / 8 * GROUP, false),
-                        CellValues::Q6K => {
-                            h[0] = bytes(cells[i], at.high + r0 / 4 * GROUP, false);
-                            h[1] = bytes(cells[i], at.high + (r0 / 4 + 1) * GROUP, false);
+                if values != CellValues::Q4K {
+                    let mut high = [[_mm_setzero_si128(); 2]; U];
+                    for (i, h) in high.iter_mut().enumerate() {
+                        let [a, b] = cells[i];
+                        let at_high = |row: usize| at.high + row * GROUP;
+                        match values {
+                            CellValues::Q5K => {
+                                h[0] = bytes16(a.add(at_high(r0 / 8)), b.add(at_high(r0 / 8)))
+                            }
+                            _ => {
+                                h[0] = bytes16(a.add(at_high(r0 / 4)), b.add(at_high(r0 / 4)));
+                                let o = at_high(r0 / 4 + 1);
+                                h[1] = bytes16(a.add(o), b.add(o));
+                            }
                         }
-                        _ => {}
                     }
+                    for p in 0..4 {
+                        let r = r0 + 2 * p;
+                        let mut w = [[_mm512_setzero_ps(); U]; 2];
+                        for i in 0..U {
+                            let [a, b] = cells[i];
+                            let o = at.nibbles + r / 2 * GROUP;
+                            let [lo, hi] =
+                                six_bit_pair::<K>(bytes16(a.add(o), b.add(o)), high[i], p);
+                            for (half, q) in [lo, hi].into_iter().enumerate() {
+                                let q = if q6 {
+                                    _mm512_cvtepi8_epi32(q)
+                                } else {
+                                    _mm512_cvtepu8_epi32(q)
+                                };
+                                w[half][i] =
+                                    _mm512_fmadd_ps(scale[i], _mm512_cvtepi32_ps(q), offset[i]);
+                            }
+                        }
+                        row(r, &w[0]);
+                        row(r + 1, &w[1]);
+                    }
+                    continue;
                 }
                 for p in 0..4 {
                     let r = r0 + 2 * p;
@@ -409,27 +484,6 @@ pub(crate) mod avx512 {
                         let nib = bytes(cells[i], at.nibbles + r / 2 * GROUP, false);
                         lo[i] = _mm512_and_si512(nib, low);
                         hi[i] = _mm512_srli_epi32::<4>(nib);
-                        match values {
-                            CellValues::Q5K => {
-                                let h =
-                                    _mm512_srl_epi32(high[i][0], _mm_cvtsi32_si128(2 * p as i32));
-                                let b = _mm512_slli_epi32::<4>(_mm512_and_si512(h, one));
-                                lo[i] = _mm512_or_si512(lo[i], b);
-                                let h = _mm512_srli_epi32::<1>(h);
-                                let b = _mm512_slli_epi32::<4>(_mm512_and_si512(h, one));
-                                hi[i] = _mm512_or_si512(hi[i], b);
-                            }
-                            CellValues::Q6K => {
-                                let shift = _mm_cvtsi32_si128(4 * (p % 2) as i32);
-                                let h = _mm512_srl_epi32(high[i][p / 2], shift);
-                                let b = _mm512_slli_epi32::<4>(_mm512_and_si512(h, two));
-                                lo[i] = _mm512_sub_epi32(_mm512_or_si512(lo[i], b), bias);
-                                let h = _mm512_srli_epi32::<2>(h);
-                                let b = _mm512_slli_epi32::<4>(_mm512_and_si512(h, two));
-                                hi[i] = _mm512_sub_epi32(_mm512_or_si512(hi[i], b), bias);
-                            }
-                            _ => {}
-                        }
                     }
                     let mut w = [_mm512_setzero_ps(); U];
                     for i in 0..U {

@@ -50,9 +50,10 @@ unsafe fn run_groups<const R: usize, const G: usize>(a: &Set) {
         match a.values {
             // K-quant cells: every group's row at once (G chains of multiply-adds per row).
             CellValues::Q4K | CellValues::Q5K | CellValues::Q6K => {
+                let ahead = head.map(|p| prefetch_target(p, c, cells, cell_bytes, G));
                 macro_rules! run {
                     ($k:expr) => {
-                        kcells::avx2::each_row::<G, $k>(head, |p, w| {
+                        kcells::avx2::each_row::<G, $k>(head, ahead, |p, w| {
                             multiply_into(&mut acc, w, |r| xrow(r, p))
                         })
                     };

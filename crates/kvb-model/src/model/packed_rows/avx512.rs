@@ -54,9 +54,11 @@ unsafe fn run_pairs<const R: usize, const P: usize>(a: &Set) {
         match a.values {
             // K-quant cells: every pair's row at once (P chains of multiply-adds per row).
             CellValues::Q4K | CellValues::Q5K | CellValues::Q6K => {
+                let ahead =
+                    head.map(|h| h.map(|p| prefetch_target(p, c, cells, cell_bytes, 2 * P)));
                 macro_rules! run {
                     ($k:expr) => {
-                        kcells::avx512::each_row::<P, $k>(head, |p, w| {
+                        kcells::avx512::each_row::<P, $k>(head, ahead, |p, w| {
                             multiply_into(&mut acc, w, |r| xrow(r, p))
                         })
                     };

@@ -118,6 +118,27 @@ struct Set {
     stride: usize,
 }
 
+/// What a K-quant kernel prefetches while it reads cell `c` (of `cells`) at `head`: the cell
+/// [`AHEAD`](crate::packed::kcells::AHEAD) later in its group's run, and near the run's end
+/// the cell the next set of `groups` groups reads first (a set's groups lie side by side, each
+/// a run of `cells`), so that no set starts on lines still in memory.
+#[cfg(target_arch = "x86_64")]
+fn prefetch_target(
+    head: *const u8,
+    c: usize,
+    cells: usize,
+    cell_bytes: usize,
+    groups: usize,
+) -> *const u8 {
+    let ahead = crate::packed::kcells::AHEAD;
+    let next = head.wrapping_add(ahead * cell_bytes);
+    if c + ahead < cells {
+        next
+    } else {
+        next.wrapping_add((groups - 1) * cells * cell_bytes)
+    }
+}
+
 /// Columns `j0..j0 + cols` (`j0` a multiple of 8) of `y` into `tile` (`[m, cols]`) from `x`
 /// laid out as `[k, m]`, in sets of up to 4 units (independent accumulator chains): the fewer
 /// the rows, the more units share one pass over them. An odd last group is read twice (as its
