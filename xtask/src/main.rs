@@ -120,6 +120,54 @@ fn run(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
+/// The crates below the burn line (issue 41): usable by a runtime that has its own tensors.
+const BURN_FREE: [(&str, &[&str]); 5] = [
+    ("kvb-hash", &[]),
+    ("kvb-chunk", &[]),
+    ("kvb-quant", &[]),
+    ("kvb-store", &[]),
+    ("kvb-store", &["--no-default-features"]),
+];
+
+/// Fails if a crate of [`BURN_FREE`] depends on burn or CubeCL (through any path, with its
+/// default features or the listed ones), and builds each of those feature sets.
+fn burn_free() -> Result<()> {
+    for (krate, flags) in BURN_FREE {
+        let out = cargo()
+            .args([
+                "tree", "-p", krate, "-e", "normal", "--prefix", "none", "-f", "{p}",
+            ])
+            .args(flags)
+            .output()
+            .with_context(|| format!("cargo tree -p {krate}"))?;
+        if !out.status.success() {
+            bail!(
+                "cargo tree -p {krate} {flags:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let tree = String::from_utf8_lossy(&out.stdout);
+        let mut names: Vec<&str> = tree.lines().filter_map(|l| l.split(' ').next()).collect();
+        names.sort_unstable();
+        names.dedup();
+        let heavy: Vec<&&str> = names
+            .iter()
+            .filter(|n| n.starts_with("burn") || n.starts_with("cubecl"))
+            .collect();
+        if !heavy.is_empty() {
+            bail!("{krate} {flags:?} must not depend on burn or CubeCL, but pulls {heavy:?}");
+        }
+        eprintln!(
+            "{krate} {flags:?}: {} crates, none of them burn",
+            names.len()
+        );
+        run(cargo()
+            .args(["check", "--release", "-p", krate])
+            .args(flags))?;
+    }
+    Ok(())
+}
+
 fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
@@ -184,6 +232,7 @@ fn ci() -> Result<()> {
         "--features",
         FEATURES,
     ]))?;
+    burn_free()?;
     fetch_model()?;
     run(cargo().args(["test", "--release", "--workspace", "--features", FEATURES]))?;
 

@@ -8,9 +8,10 @@
 //! with codes packed tightly (one, two or four per byte).
 //!
 //! The K/V of one layer is a block `[heads, tokens, head_dim]` (f32). [`quantize`] and
-//! [`QuantizedKv::dequantize`] work on host slices (for the store); [`tensor::quantize_tensor`] runs
-//! the same quantization over burn tensors on any backend (statistics and codes on the device), and
-//! gives the same result.
+//! [`QuantizedKv::dequantize`] work on host slices (for the store); with the `burn` feature,
+//! `tensor::quantize_tensor` runs the same quantization over burn tensors on any backend
+//! (statistics and codes on the device), and gives the same result. Without it the crate needs no
+//! tensor library.
 //!
 //! Promises (proved by `tests/quant_properties.rs`):
 //! - every element round-trips within half a quantization step of its group (constant groups
@@ -37,6 +38,7 @@
 mod groups;
 mod host;
 pub mod packing;
+#[cfg(feature = "burn")]
 pub mod tensor;
 
 pub use groups::{GroupParams, QuantAxis};

@@ -18,8 +18,8 @@
 //!   (an advisory lock); opening reads each sealed segment's small index, not its K/V, and
 //!   records are verified when read. Space is reclaimed by compaction.
 //! - **Remote tier** ([`RemoteConfig`], module [`remote`]): a store several processes share
-//!   (Redis or Valkey through [`RedisBackend`], or any [`RemoteBackend`]). Every chunk inserted is
-//!   also written there by a background thread; [`ChunkStore::prefetch`] reads a prompt's chunks
+//!   (Redis or Valkey through `RedisBackend` with the default `redis` feature, or any
+//!   [`RemoteBackend`]). Every chunk inserted is also written there by a background thread; [`ChunkStore::prefetch`] reads a prompt's chunks
 //!   in one round trip into RAM. Values are checksummed records checked against their key; a
 //!   remote that is down, slow, full or babbling costs a miss, never an error.
 //! - **Thread safety**: RAM hits take a shared lock (many readers at once, crossbeam's
@@ -79,7 +79,9 @@ pub use chunk::{KvChunk, KvData, KvFormat, LayerKv};
 pub use disk::DiskConfig;
 pub use policy::EvictionPolicy;
 pub use radix::{PrefixPath, RadixIndex};
-pub use remote::{RedisBackend, RemoteBackend, RemoteConfig, RemoteError, RemoteStats};
+#[cfg(feature = "redis")]
+pub use remote::RedisBackend;
+pub use remote::{RemoteBackend, RemoteConfig, RemoteError, RemoteStats};
 pub use store::{
     ChunkMatch, ChunkStore, Inserted, PrefixMatch, StoreConfig, StoreStats, REMOTE_FLUSH_WAIT,
 };

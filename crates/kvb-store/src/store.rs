@@ -4,7 +4,7 @@ use crate::chunk::KvChunk;
 use crate::disk::{DiskConfig, DiskTier};
 use crate::policy::{EvictionPolicy, Usage};
 use crate::radix::RadixIndex;
-use crate::remote::{RedisBackend, RemoteBackend, RemoteConfig, RemoteStats, RemoteTier};
+use crate::remote::{RemoteBackend, RemoteConfig, RemoteStats, RemoteTier};
 use crate::StoreError;
 use crossbeam::sync::ShardedLock;
 use kvb_hash::{ContentKey, PrefixKey};
@@ -193,15 +193,31 @@ impl Inner {
     }
 }
 
+/// The Redis backend of the remote tier `r`.
+#[cfg(feature = "redis")]
+fn redis_backend(r: &RemoteConfig) -> Result<Arc<dyn RemoteBackend>, StoreError> {
+    let backend = crate::remote::RedisBackend::open(&r.url, r.timeout);
+    Ok(Arc::new(backend.map_err(StoreError::Config)?))
+}
+
+/// Without the `redis` feature there is no backend for a URL.
+#[cfg(not(feature = "redis"))]
+fn redis_backend(r: &RemoteConfig) -> Result<Arc<dyn RemoteBackend>, StoreError> {
+    Err(StoreError::Config(format!(
+        "a remote tier at {} needs kvb-store's `redis` feature (or give a backend with \
+         ChunkStore::with_remote_backend)",
+        r.url
+    )))
+}
+
 impl ChunkStore {
     /// Opens a store; with a disk tier, its existing records are indexed (so the cache survives a
     /// restart). A remote tier is reached through the Redis protocol (nothing is connected until
-    /// the first call; a store that is down is an outage, not an error).
+    /// the first call; a store that is down is an outage, not an error); without the `redis`
+    /// feature a remote tier's URL is a [`StoreError::Config`] naming the feature.
     pub fn new(config: StoreConfig) -> Result<Self, StoreError> {
         let backend: Option<Arc<dyn RemoteBackend>> = match &config.remote {
-            Some(r) => Some(Arc::new(
-                RedisBackend::open(&r.url, r.timeout).map_err(StoreError::Config)?,
-            )),
+            Some(r) => Some(redis_backend(r)?),
             None => None,
         };
         Self::open(config, backend)

@@ -15,16 +15,18 @@
 //!   prefix key; a value whose checksum, key or shape does not hold is dropped, counted and
 //!   deleted. Keys are the namespace's chunk keys, so two models or settings never share one.
 //!
-//! The store behind it is a [`RemoteBackend`]: get many keys, put many, delete. [`RedisBackend`]
+//! The store behind it is a [`RemoteBackend`]: get many keys, put many, delete. `RedisBackend`
 //! speaks the Redis protocol (Redis and Valkey); another store needs only those three calls.
 
 mod health;
+#[cfg(feature = "redis")]
 mod redis_backend;
 #[cfg(feature = "test-support")]
 pub mod test_server;
 mod tier;
 mod value;
 
+#[cfg(feature = "redis")]
 pub use redis_backend::RedisBackend;
 pub(crate) use tier::RemoteTier;
 
