@@ -121,10 +121,11 @@ fn run(cmd: &mut Command) -> Result<()> {
 }
 
 /// The crates below the burn line (issue 41): usable by a runtime that has its own tensors.
-const BURN_FREE: [(&str, &[&str]); 5] = [
+const BURN_FREE: [(&str, &[&str]); 6] = [
     ("kvb-hash", &[]),
     ("kvb-chunk", &[]),
     ("kvb-quant", &[]),
+    ("kvb-blocks", &[]),
     ("kvb-store", &[]),
     ("kvb-store", &["--no-default-features"]),
 ];

@@ -44,7 +44,8 @@
 //!   tokenization, lookup, copies, dequantization, re-rotation, repair and prefill included.
 #![warn(missing_docs)]
 
-pub mod blocks;
+/// The paged pool's bookkeeping, from [`kvb_blocks`] (a crate of its own: it needs no tensors).
+pub use kvb_blocks as blocks;
 mod config;
 mod engine;
 mod fidelity;

@@ -3,7 +3,7 @@
 //! block carries shadow "K/V" (the token and position written in each slot), so a write that
 //! reached a block another sequence reads would show up as wrong content for that reader.
 
-use kvb_engine::blocks::{BlockId, BlockManager, IndexCursor, Insertion, Removed, ROOT};
+use kvb_blocks::{BlockId, BlockManager, IndexCursor, Insertion, Removed, ROOT};
 
 use proptest::prelude::*;
 use std::collections::HashMap;

@@ -1,5 +1,8 @@
-//! The bookkeeping of the paged K/V pool, without tensors: which blocks are free, who reads each
-//! one, and which token prefixes stay resident.
+//! # kvb-blocks: the bookkeeping of a paged K/V pool
+//!
+//! Which blocks are free, who reads each one, and which token prefixes stay resident, without
+//! tensors or any dependency: a runtime that owns its K/V pool (burn, candle, its own) keeps its
+//! block tables with it and reuses resident prefixes across requests.
 //!
 //! - [`BlockAllocator`]: blocks with reference counts under a block budget.
 //! - [`BlockTree`]: a radix tree over token blocks (SGLang's RadixAttention, block granular):
@@ -12,6 +15,23 @@
 //! sequence ends and the tree is cleared, every block is free); a block a sequence writes is held
 //! by nobody else; the tree returns the longest resident prefix; the budget is never exceeded;
 //! eviction never takes a block a sequence holds.
+//!
+//! ```
+//! use kvb_blocks::{BlockManager, IndexCursor};
+//! let mut pool = BlockManager::new(4, 8); // blocks of 4 token slots, at most 8 blocks
+//! let prompt: Vec<u32> = (0..10).collect();
+//! // A first request: 3 fresh blocks, written with its K/V, then indexed by their tokens.
+//! let mut table = pool.allocate(3, &mut |_| {}).unwrap();
+//! let mut cursor = IndexCursor::default();
+//! pool.index_sequence(&mut cursor, &prompt, &mut table, prompt.len(), prompt.len(), true);
+//! pool.release(&table); // the request ends; its blocks stay resident in the tree
+//! // A second request with the same first 8 tokens finds 2 full blocks to read in place.
+//! let hit = pool.lookup(&[0, 1, 2, 3, 4, 5, 6, 7, 42], false);
+//! assert_eq!(hit.blocks, table[..2]);
+//! pool.retain(&hit.blocks);
+//! assert_eq!(pool.refcount(hit.blocks[0]), 2); // the tree's reference and the new table's
+//! ```
+#![warn(missing_docs)]
 
 mod allocator;
 mod radix;

@@ -8,9 +8,9 @@
 //! descendants are approximate too, and exact-only lookups do not follow it.
 //!
 //! The tree only indexes; references are counted by the caller (one per node, see
-//! [`super::BlockManager`]).
+//! [`crate::BlockManager`]).
 
-use super::allocator::BlockId;
+use crate::allocator::BlockId;
 use std::collections::HashMap;
 
 /// A node of the tree; the root is [`ROOT`]. Ids are never reused, so a sequence holding the id
