@@ -25,6 +25,8 @@
 //! - **Thread safety**: RAM hits take a shared lock (many readers at once, crossbeam's
 //!   `ShardedLock`); usage counters are atomics.
 //! - [`kv_ops`]: merge and slice K/V along the token axis.
+//! - [`seam`]: for a runtime that owns its K/V tensors: store a run of its cache as a chunk, write
+//!   a hit back into it (token- or head-major, f32/f16/bf16), re-rotate a moved chunk's keys.
 //! - [`token_cache`]: a token-level quantized KV cache with H2O, PyramidKV and sliding-window
 //!   eviction, for long live contexts (kvboost's `CacheManager`). It lives here, not in
 //!   kvb-quant, because it is a cache with eviction policies that merely *uses* quantization.
@@ -72,6 +74,7 @@ pub mod kv_ops;
 mod policy;
 mod radix;
 pub mod remote;
+pub mod seam;
 mod store;
 pub mod token_cache;
 
