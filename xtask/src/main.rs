@@ -234,6 +234,13 @@ fn ci() -> Result<()> {
         FEATURES,
     ]))?;
     burn_free()?;
+    // The burn-free crates as crates.io would take them: packaged and built from the packages.
+    let mut package = cargo();
+    package.args(["package", "--allow-dirty"]);
+    for (krate, _) in BURN_FREE.iter().filter(|(_, flags)| flags.is_empty()) {
+        package.args(["-p", krate]);
+    }
+    run(&mut package)?;
     fetch_model()?;
     run(cargo().args(["test", "--release", "--workspace", "--features", FEATURES]))?;
 

@@ -32,6 +32,11 @@
 //! ```
 #![warn(missing_docs)]
 
+/// The README's example, run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 use std::fmt;
 
 /// A 32-byte key.

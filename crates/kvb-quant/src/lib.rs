@@ -35,6 +35,11 @@
 //! ```
 #![warn(missing_docs)]
 
+/// The README's example, run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 mod groups;
 mod host;
 pub mod packing;

@@ -65,6 +65,11 @@
 //! ```
 #![warn(missing_docs)]
 
+/// The README's example, run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 mod chunk;
 pub mod codec;
 mod disk;
