@@ -66,5 +66,19 @@ impl ModelError {
     }
 }
 
+/// A model file's error, as the same kind of model error.
+impl From<kvb_modelfile::FileError> for ModelError {
+    fn from(e: kvb_modelfile::FileError) -> Self {
+        use kvb_modelfile::FileError as F;
+        match e {
+            F::Io { path, error } => ModelError::Io { path, error },
+            F::Config { path, reason } => ModelError::Config { path, reason },
+            F::Unsupported(m) => ModelError::Unsupported(m),
+            F::Weights(m) => ModelError::Weights(m),
+            F::Gguf { path, reason } => ModelError::Gguf { path, reason },
+        }
+    }
+}
+
 /// Result alias of this crate.
 pub type Result<T, E = ModelError> = std::result::Result<T, E>;

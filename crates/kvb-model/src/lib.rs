@@ -7,9 +7,9 @@
 //!
 //! | what | where |
 //! |---|---|
-//! | configs (Llama, Qwen2, Mistral, Gemma, Phi-3) and the compatibility check | [`config`] |
-//! | weights from safetensors (single or sharded; f32/f16/bf16) | [`weights`] |
-//! | weights, config and tokenizer from GGUF (F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K) | [`gguf`] |
+//! | configs (Llama, Qwen2, Mistral, Gemma, Phi-3) and the compatibility check | [`config`] (from [`kvb_modelfile`]) |
+//! | weights from safetensors (single or sharded; f32/f16/bf16) | [`weights`] (from [`kvb_modelfile`]) |
+//! | weights, config and tokenizer from GGUF (F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K) | [`gguf`] (from [`kvb_modelfile`], a crate without tensors) |
 //! | weights kept packed in their stored precision (every GGUF quantized type; K-quants at the file's bits), `--weights` | [`packed`], [`WeightPrecision`] |
 //! | products with 8-bit activations, as llama.cpp computes (`--activations q8`, CPU) | `model::int8`, [`ActivationPrecision`] |
 //! | tokenizer and chat templates | [`tokenizer`] |
@@ -63,13 +63,11 @@
 #![warn(missing_docs)]
 
 pub mod backends;
-pub mod config;
 pub mod convert;
 mod error;
 pub mod fetch;
 pub mod float_dtype;
 pub mod generate;
-pub mod gguf;
 mod host_read;
 pub mod kv_cache;
 pub mod kv_pool;
@@ -78,7 +76,6 @@ pub mod packed;
 mod pretrained;
 pub mod rope;
 pub mod tokenizer;
-pub mod weights;
 
 pub use config::{Family, ModelConfig, RopeScaling};
 pub use error::{ModelError, Result};
@@ -88,6 +85,7 @@ pub use kv_cache::KvCache;
 pub use kv_pool::KvPool;
 /// Creation options naming a backend's float type (see kvb-attn).
 pub use kvb_attn::{float_on, host_work, HostWork};
+pub use kvb_modelfile::{config, gguf, weights};
 pub use model::{
     ActivationPrecision, ComputePrecision, ForwardBatch, HostKv, LogitsFor, Model, ModelBackend,
     SeqRows, WeightPrecision,

@@ -77,8 +77,11 @@ pub fn detect_format(path: &Path) -> Result<ModelFormat> {
 /// Reads only the configuration of the model at `path`.
 pub fn load_config(path: &Path, options: LoadOptions) -> Result<ModelConfig> {
     match detect_format(path)? {
-        ModelFormat::HfFolder => ModelConfig::from_file(&path.join("config.json"), options.strict),
-        ModelFormat::Gguf => GgufModel::open(path)?.config(options.strict),
+        ModelFormat::HfFolder => Ok(ModelConfig::from_file(
+            &path.join("config.json"),
+            options.strict,
+        )?),
+        ModelFormat::Gguf => Ok(GgufModel::open(path)?.config(options.strict)?),
     }
 }
 

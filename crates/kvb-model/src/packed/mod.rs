@@ -234,33 +234,7 @@ impl CellValues {
     }
 }
 
-/// A tensor as stored: `rows` output features of `cols` inputs, each row a run of ggml blocks
-/// (PyTorch's `[out, in]` layout, blockwise): a GGUF's quantized blocks of 32 or 256 weights, or
-/// 16-bit floats (a block of one) from a GGUF or a safetensors file.
-#[derive(Debug, Clone, PartialEq)]
-pub struct BlockTensor {
-    /// The block format.
-    pub ggml_type: GgmlType,
-    /// Output features.
-    pub rows: usize,
-    /// Input features (a multiple of 32).
-    pub cols: usize,
-    /// `rows * cols / 32` blocks.
-    pub bytes: Vec<u8>,
-}
-
-impl BlockTensor {
-    /// Whether [`PackedMatrix`] keeps this format as stored (every quantized format kvb reads,
-    /// f16 and bf16).
-    pub fn packable(ggml_type: GgmlType) -> bool {
-        blocks::is_quantized(ggml_type) || CellValues::of_float(ggml_type).is_some()
-    }
-
-    /// The values as f32, row-major `[rows, cols]`.
-    pub fn to_f32(&self) -> Vec<f32> {
-        crate::gguf::dequantize(self.ggml_type, &self.bytes)
-    }
-}
+pub use kvb_modelfile::BlockTensor;
 
 /// A `[k, n]` projection weight in 4-, 8- or 16-bit cells (see the module doc).
 #[derive(Clone)]

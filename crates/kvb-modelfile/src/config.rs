@@ -3,7 +3,7 @@
 //! kvb reuses K/V across requests and re-rotates cached keys to new positions, so it can only serve
 //! decoder-only models whose positions enter through RoPE alone, in the Llama block layout.
 
-use crate::error::{ModelError, Result};
+use crate::error::{FileError, Result};
 use serde::Deserialize;
 use std::path::Path;
 
@@ -225,9 +225,9 @@ fn token_ids(value: &Option<serde_json::Value>) -> Vec<u32> {
 impl ModelConfig {
     /// Reads and checks `config.json`. `strict = false` serves an unknown architecture as Llama.
     pub fn from_file(path: &Path, strict: bool) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
+        let text = std::fs::read_to_string(path).map_err(|e| FileError::io(path, e))?;
         Self::from_json(&text, strict).map_err(|e| match e {
-            ModelError::Config { reason, .. } => ModelError::Config {
+            FileError::Config { reason, .. } => FileError::Config {
                 path: path.to_path_buf(),
                 reason,
             },
@@ -237,7 +237,7 @@ impl ModelConfig {
 
     /// Parses and checks the text of a `config.json`.
     pub fn from_json(text: &str, strict: bool) -> Result<Self> {
-        let bad = |reason: String| ModelError::Config {
+        let bad = |reason: String| FileError::Config {
             path: "config.json".into(),
             reason,
         };
@@ -250,7 +250,7 @@ impl ModelConfig {
             .or_else(|| raw.model_type.clone())
             .ok_or_else(|| bad("neither `architectures` nor `model_type` is set".into()))?;
         if let Some(why) = refusal_reason(&arch) {
-            return Err(ModelError::Unsupported(format!(
+            return Err(FileError::Unsupported(format!(
                 "{arch} cannot reuse K/V across positions: {why}"
             )));
         }
@@ -260,7 +260,7 @@ impl ModelConfig {
                 "unknown architecture {arch}: kvb serves Llama, Qwen2, Mistral, Gemma and Phi-3; \
                  pass strict = false to try it as a Llama-layout model"
             );
-            return Err(ModelError::Unsupported(msg));
+            return Err(FileError::Unsupported(msg));
         }
         let family = family.unwrap_or(Family::Llama);
         let window_set = matches!(&raw.sliding_window, Some(v) if !v.is_null());
@@ -270,14 +270,14 @@ impl ModelConfig {
             _ => false,
         };
         if window_on {
-            return Err(ModelError::Unsupported(format!(
+            return Err(FileError::Unsupported(format!(
                 "{arch} with sliding-window attention: kvb's attention is full-context, so reused K/V \
                  outside the window would change the output; use a checkpoint with `sliding_window: null`"
             )));
         }
         if let Some(f) = raw.partial_rotary_factor {
             if (f - 1.0).abs() > 1e-9 {
-                return Err(ModelError::Unsupported(format!(
+                return Err(FileError::Unsupported(format!(
                     "{arch} with partial_rotary_factor {f}: only full-head RoPE is supported"
                 )));
             }

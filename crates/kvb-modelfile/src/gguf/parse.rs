@@ -1,7 +1,7 @@
 //! The GGUF container: header, metadata and tensor infos, parsed with every length bounded by the
 //! bytes that remain, so a truncated or hostile file is an error, never a panic or a huge allocation.
 
-use crate::error::{ModelError, Result};
+use crate::error::{FileError, Result};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -193,7 +193,7 @@ struct Cursor<'a> {
 
 impl<'a> Cursor<'a> {
     fn fail<T>(&self, what: impl std::fmt::Display) -> Result<T> {
-        Err(ModelError::Gguf {
+        Err(FileError::Gguf {
             path: self.path.to_path_buf(),
             reason: format!("{what} (at byte {})", self.pos),
         })
@@ -401,7 +401,7 @@ impl GgufHeader {
 
     /// A metadata value, or an error naming the missing key.
     pub fn get(&self, key: &str) -> Result<&GgufValue> {
-        self.metadata.get(key).ok_or_else(|| ModelError::Gguf {
+        self.metadata.get(key).ok_or_else(|| FileError::Gguf {
             path: self.path.clone(),
             reason: format!("metadata key `{key}` is missing"),
         })

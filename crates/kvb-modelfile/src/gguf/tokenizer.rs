@@ -6,7 +6,7 @@
 
 use super::parse::{GgufHeader, GgufValue};
 use super::spm;
-use crate::error::{ModelError, Result};
+use crate::error::{FileError, Result};
 use serde_json::{json, Map, Value};
 
 /// GGUF token types (llama.cpp's `llama_token_type`).
@@ -79,8 +79,8 @@ impl<'a> GgufVocab<'a> {
 }
 
 /// A metadata error naming the file.
-pub(super) fn bad(h: &GgufHeader, reason: String) -> ModelError {
-    ModelError::Gguf {
+pub(super) fn bad(h: &GgufHeader, reason: String) -> FileError {
+    FileError::Gguf {
         path: h.path.clone(),
         reason,
     }
@@ -111,7 +111,7 @@ pub fn tokenizer_json(h: &GgufHeader) -> Result<Value> {
     match model {
         "gpt2" => byte_level_bpe(h, &vocab),
         "llama" => spm::tokenizer_json(h, &vocab),
-        other => Err(ModelError::Unsupported(format!(
+        other => Err(FileError::Unsupported(format!(
             "GGUF tokenizer model `{other}`: kvb builds byte-level BPE (`gpt2`) and SentencePiece \
              (`llama`) tokenizers from GGUF; use the model's HuggingFace folder with its \
              tokenizer.json"
@@ -126,7 +126,7 @@ fn byte_level_bpe(h: &GgufHeader, vocab: &GgufVocab) -> Result<Value> {
         .and_then(GgufValue::as_str)
         .unwrap_or("default");
     let pre = pre_tokenizer(pre_name).ok_or_else(|| {
-        ModelError::Unsupported(format!("GGUF pre-tokenizer `{pre_name}` is not supported"))
+        FileError::Unsupported(format!("GGUF pre-tokenizer `{pre_name}` is not supported"))
     })?;
     let merges: Vec<Value> = h
         .get("tokenizer.ggml.merges")?

@@ -12,7 +12,7 @@ pub use loader::WeightLoader;
 pub use safetensors_dir::SafetensorsDir;
 
 use crate::error::Result;
-use crate::packed::BlockTensor;
+use crate::BlockTensor;
 use memmap2::{Mmap, MmapMut};
 
 /// A tensor on the host: row-major f32 values and their shape.
@@ -44,7 +44,7 @@ pub trait TensorSource {
 pub enum StoredTensor {
     /// Values in f32.
     F32(HostTensor),
-    /// A GGUF's blocks (see [`crate::packed`]).
+    /// A GGUF's blocks, or 16-bit floats, as stored ([`crate::BlockTensor`]).
     Blocks(BlockTensor),
 }
 

@@ -2,7 +2,7 @@
 //! is `q * scale + offset` for a small integer `q` and a scale and offset shared by a run of 16
 //! or 32 weights (a sub-block). The product is exact in f32 (a scale of at most 19 significant
 //! bits times an integer of at most 6), so that expression rounds once, exactly as llama.cpp's
-//! own dequantization does; [`super::dequantize`] and [`crate::packed`] both start from here.
+//! own dequantization does; [`super::dequantize`] and the CPU kernels (kvb-model's `packed`) both start from here.
 //!
 //! Formats as ggml defines them (`ggml-common.h`, `ggml-quants.c`); K-quants hold 256 weights.
 
@@ -115,9 +115,12 @@ pub struct KBlock {
 }
 
 impl KBlock {
-    /// Reads one block of `t` (Q4_K, Q5_K or Q6_K). Crate-private: `block` must be exactly
-    /// one block long, which every caller has checked against the tensor's size.
-    pub(crate) fn read(t: GgmlType, block: &[u8]) -> KBlock {
+    /// Reads one block of `t` (Q4_K, Q5_K or Q6_K).
+    ///
+    /// # Panics
+    /// If `block` is shorter than one block of `t`: callers check a tensor's size against its
+    /// block count once, not per block.
+    pub fn read(t: GgmlType, block: &[u8]) -> KBlock {
         let mut k = KBlock {
             d: [0; 2],
             dmin: [0; 2],

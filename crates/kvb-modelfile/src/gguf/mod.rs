@@ -12,9 +12,9 @@ pub use dequant::dequantize;
 pub use parse::{GgmlType, GgufHeader, GgufValue, TensorInfo};
 
 use crate::config::ModelConfig;
-use crate::error::{ModelError, Result};
-use crate::packed::BlockTensor;
+use crate::error::{FileError, Result};
 use crate::weights::{HostTensor, StoredTensor, TensorSource};
+use crate::BlockTensor;
 use memmap2::Mmap;
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -38,9 +38,9 @@ pub struct GgufModel {
 impl GgufModel {
     /// Opens and validates `path`.
     pub fn open(path: &Path) -> Result<Self> {
-        let file = File::open(path).map_err(|e| ModelError::io(path, e))?;
+        let file = File::open(path).map_err(|e| FileError::io(path, e))?;
         // SAFETY: read-only map; every offset is checked against the map's length at parse time.
-        let mmap = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(path, e))?;
+        let mmap = unsafe { Mmap::map(&file) }.map_err(|e| FileError::io(path, e))?;
         let mut model = Self::from_map(path, mmap)?;
         model.file_backed = true;
         Ok(model)
@@ -48,7 +48,7 @@ impl GgufModel {
 
     /// A GGUF file held in memory (`name` appears in errors), read as [`Self::open`] reads a file.
     pub fn from_bytes(name: &Path, bytes: &[u8]) -> Result<Self> {
-        let mmap = crate::weights::map_bytes(bytes).map_err(|e| ModelError::io(name, e))?;
+        let mmap = crate::weights::map_bytes(bytes).map_err(|e| FileError::io(name, e))?;
         Self::from_map(name, mmap)
     }
 
@@ -60,7 +60,7 @@ impl GgufModel {
             .unwrap_or_default()
             .to_string();
         if !hf_names::SUPPORTED_ARCHS.contains(&arch.as_str()) {
-            return Err(ModelError::Unsupported(format!(
+            return Err(FileError::Unsupported(format!(
                 "GGUF architecture `{arch}`: kvb reads GGUF files of {:?}; convert other models to a \
                  HuggingFace folder",
                 hf_names::SUPPORTED_ARCHS
@@ -129,7 +129,7 @@ impl GgufModel {
             .get(&k)?
             .as_u64()
             .map(|v| v as usize)
-            .ok_or_else(|| ModelError::Gguf {
+            .ok_or_else(|| FileError::Gguf {
                 path: self.header.path.clone(),
                 reason: format!("`{k}` is not an integer"),
             })
@@ -203,7 +203,7 @@ impl GgufModel {
         let g = self
             .hf_to_gguf
             .get(name)
-            .ok_or_else(|| ModelError::Weights(format!("tensor `{name}` is missing")))?;
+            .ok_or_else(|| FileError::Weights(format!("tensor `{name}` is missing")))?;
         Ok((&self.header.tensors[g], g))
     }
 

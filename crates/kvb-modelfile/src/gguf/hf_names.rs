@@ -1,7 +1,7 @@
 //! GGUF names, layout and metadata mapped to their HuggingFace equivalents.
 
 use super::parse::{GgufHeader, GgufValue};
-use crate::error::{ModelError, Result};
+use crate::error::{FileError, Result};
 
 /// GGUF architectures whose tensors map onto the Llama layout kvb runs.
 pub const SUPPORTED_ARCHS: [&str; 3] = ["llama", "qwen2", "gemma"];
@@ -47,7 +47,7 @@ pub fn unpermute_rows<T: Copy + Default>(
     // Elements per row: a quantized row is its run of block bytes.
     let cols = data.len() / rows.max(1);
     if heads == 0 || !rows.is_multiple_of(heads * 2) || cols * rows != data.len() {
-        return Err(ModelError::Weights(format!(
+        return Err(FileError::Weights(format!(
             "cannot undo the RoPE row permutation of a {shape:?} tensor over {heads} heads"
         )));
     }
@@ -76,7 +76,7 @@ pub fn config_json(
     let int = |key: &str| -> Result<u64> {
         meta(key)
             .and_then(GgufValue::as_u64)
-            .ok_or_else(|| ModelError::Gguf {
+            .ok_or_else(|| FileError::Gguf {
                 path: h.path.clone(),
                 reason: format!("metadata `{arch}.{key}` is missing or not an integer"),
             })
@@ -90,7 +90,7 @@ pub fn config_json(
     let embed = h
         .tensors
         .get("token_embd.weight")
-        .ok_or_else(|| ModelError::Gguf {
+        .ok_or_else(|| FileError::Gguf {
             path: h.path.clone(),
             reason: "tensor `token_embd.weight` is missing".into(),
         })?;
@@ -99,7 +99,7 @@ pub fn config_json(
             serde_json::json!({"rope_type": "freq_factors", "factors": rope_freqs})
         }
         Some("linear") if rope_freqs.is_some() => {
-            return Err(ModelError::Unsupported(
+            return Err(FileError::Unsupported(
                 "a GGUF with both linear rope scaling and a `rope_freqs` tensor".into(),
             ))
         }
@@ -109,7 +109,7 @@ pub fn config_json(
         }),
         Some("none") | None => serde_json::Value::Null,
         Some(other) => {
-            return Err(ModelError::Unsupported(format!(
+            return Err(FileError::Unsupported(format!(
                 "GGUF rope scaling `{other}` is not supported"
             )))
         }

@@ -1,9 +1,9 @@
 //! Weights from `*.safetensors`: one file, or shards listed in `model.safetensors.index.json`.
 
 use super::{HostTensor, StoredTensor, TensorSource};
-use crate::error::{ModelError, Result};
+use crate::error::{FileError, Result};
 use crate::gguf::GgmlType;
-use crate::packed::BlockTensor;
+use crate::BlockTensor;
 use half::{bf16, f16};
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
@@ -25,15 +25,15 @@ impl SafetensorsDir {
         let index_path = dir.join("model.safetensors.index.json");
         let paths: Vec<PathBuf> = if index_path.exists() {
             let text =
-                std::fs::read_to_string(&index_path).map_err(|e| ModelError::io(&index_path, e))?;
+                std::fs::read_to_string(&index_path).map_err(|e| FileError::io(&index_path, e))?;
             let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
-                ModelError::Weights(format!("{}: invalid JSON: {e}", index_path.display()))
+                FileError::Weights(format!("{}: invalid JSON: {e}", index_path.display()))
             })?;
             let map = json
                 .get("weight_map")
                 .and_then(|m| m.as_object())
                 .ok_or_else(|| {
-                    ModelError::Weights(format!("{} has no `weight_map`", index_path.display()))
+                    FileError::Weights(format!("{} has no `weight_map`", index_path.display()))
                 })?;
             let mut shards: Vec<String> = map
                 .values()
@@ -43,7 +43,7 @@ impl SafetensorsDir {
             shards.dedup();
             shards.into_iter().map(|s| dir.join(s)).collect()
         } else {
-            let entries = std::fs::read_dir(dir).map_err(|e| ModelError::io(dir, e))?;
+            let entries = std::fs::read_dir(dir).map_err(|e| FileError::io(dir, e))?;
             let mut found: Vec<PathBuf> = entries
                 .filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
@@ -52,7 +52,7 @@ impl SafetensorsDir {
             found
         };
         if paths.is_empty() {
-            return Err(ModelError::Weights(format!(
+            return Err(FileError::Weights(format!(
                 "no *.safetensors file in {}",
                 dir.display()
             )));
@@ -62,10 +62,10 @@ impl SafetensorsDir {
             index: HashMap::new(),
         };
         for path in paths {
-            let file = File::open(&path).map_err(|e| ModelError::io(&path, e))?;
+            let file = File::open(&path).map_err(|e| FileError::io(&path, e))?;
             // SAFETY: the map is read-only; a file changed underneath us can only yield wrong
             // values, which the shape and size checks below and in `read` bound.
-            let mmap = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(&path, e))?;
+            let mmap = unsafe { Mmap::map(&file) }.map_err(|e| FileError::io(&path, e))?;
             dir.add_file(path, mmap)?;
         }
         Ok(dir)
@@ -74,7 +74,7 @@ impl SafetensorsDir {
     /// One safetensors file held in memory (`name` appears in errors), read as [`Self::open`]
     /// reads a file.
     pub fn from_bytes(name: &Path, bytes: &[u8]) -> Result<Self> {
-        let mmap = super::map_bytes(bytes).map_err(|e| ModelError::io(name, e))?;
+        let mmap = super::map_bytes(bytes).map_err(|e| FileError::io(name, e))?;
         let mut dir = SafetensorsDir {
             files: Vec::new(),
             index: HashMap::new(),
@@ -86,7 +86,7 @@ impl SafetensorsDir {
     /// Validates the header of the file `mmap` and indexes its tensors.
     fn add_file(&mut self, path: PathBuf, mmap: Mmap) -> Result<()> {
         let (header_len, meta) = SafeTensors::read_metadata(&mmap).map_err(|e| {
-            ModelError::Weights(format!(
+            FileError::Weights(format!(
                 "{}: invalid safetensors header: {e}",
                 path.display()
             ))
@@ -168,10 +168,10 @@ impl SafetensorsDir {
         let (file, dtype, shape, range) = self
             .index
             .get(name)
-            .ok_or_else(|| ModelError::Weights(format!("tensor `{name}` is missing")))?;
+            .ok_or_else(|| FileError::Weights(format!("tensor `{name}` is missing")))?;
         let (path, mmap) = &self.files[*file];
         let bytes = mmap.get(range.clone()).ok_or_else(|| {
-            ModelError::Weights(format!(
+            FileError::Weights(format!(
                 "{}: tensor `{name}` lies outside the file (bytes {range:?})",
                 path.display()
             ))
@@ -181,13 +181,13 @@ impl SafetensorsDir {
             Dtype::F32 => 4,
             Dtype::F16 | Dtype::BF16 => 2,
             other => {
-                return Err(ModelError::Weights(format!(
+                return Err(FileError::Weights(format!(
                     "tensor `{name}` has dtype {other:?}; kvb reads F32, F16 and BF16"
                 )))
             }
         };
         if bytes.len() != count * width {
-            return Err(ModelError::Weights(format!(
+            return Err(FileError::Weights(format!(
                 "tensor `{name}`: {} bytes for shape {shape:?} of {dtype:?}",
                 bytes.len()
             )));

@@ -1,7 +1,7 @@
 //! Takes tensors from a source by name, checking shapes and remembering what was used.
 
 use super::{HostTensor, StoredTensor, TensorSource};
-use crate::error::{ModelError, Result};
+use crate::error::{FileError, Result};
 use std::cell::RefCell;
 use std::collections::BTreeSet;
 
@@ -52,9 +52,9 @@ impl<'a> WeightLoader<'a> {
         let found = self
             .source
             .shape(name)
-            .ok_or_else(|| ModelError::Weights(format!("tensor `{name}` is missing")))?;
+            .ok_or_else(|| FileError::Weights(format!("tensor `{name}` is missing")))?;
         if found != shape {
-            return Err(ModelError::Weights(format!(
+            return Err(FileError::Weights(format!(
                 "tensor `{name}` has shape {found:?}, expected {shape:?}"
             )));
         }
@@ -84,7 +84,7 @@ impl<'a> WeightLoader<'a> {
         }
         unused.sort();
         let shown: Vec<&str> = unused.iter().take(5).map(String::as_str).collect();
-        Err(ModelError::Weights(format!(
+        Err(FileError::Weights(format!(
             "{} tensor(s) of the checkpoint are not used by this architecture (e.g. {}): \
              the checkpoint does not match its config",
             unused.len(),
