@@ -46,8 +46,8 @@ impl BlockAllocator {
         self.max_blocks
     }
 
-    /// Blocks created but never handed out: free, and on the CPU not yet backed by memory (see
-    /// [`kvb_model::KvPool::prefault`]). Freed blocks go out before these.
+    /// Blocks created but never handed out: free, and in a pool that commits memory lazily (kvb's
+    /// CPU pool) not yet backed by it. Freed blocks go out before these.
     pub fn never_used(&self) -> std::ops::Range<BlockId> {
         self.first_unused as BlockId..self.capacity() as BlockId
     }

@@ -11,9 +11,9 @@ pub struct BlockTensor {
     pub ggml_type: GgmlType,
     /// Output features.
     pub rows: usize,
-    /// Input features (a multiple of 32).
+    /// Input features (a multiple of the block's weights: 32, 256 for K-quants, 1 for floats).
     pub cols: usize,
-    /// `rows * cols / 32` blocks.
+    /// `rows * cols / weights per block` blocks.
     pub bytes: Vec<u8>,
 }
 

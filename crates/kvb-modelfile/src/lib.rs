@@ -14,7 +14,7 @@
 //!   positions through RoPE alone, the Llama block layout).
 //!
 //! Promises and the tests that prove them: each block type dequantizes as llama.cpp does
-//! (`gguf::blocks` unit tests here; `fixtures/gguf-blocks/` through kvb-model's
+//! (`gguf::dequant` unit tests here; `fixtures/gguf-blocks/` through kvb-model's
 //! `tests/llama_cpp_files.rs` and `tests/gguf_blocks.rs`); a GGUF read here gives the model the
 //! transformers logits (kvb-model's golden tests); malformed files are errors, never panics
 //! (kvb-model's `tests/malformed_checkpoints.rs` and the fuzz targets of `fuzz/`).

@@ -85,6 +85,10 @@ pub mod token_cache;
 
 pub use chunk::{KvChunk, KvData, KvFormat, LayerKv};
 pub use disk::DiskConfig;
+/// The key types (namespaces, prefix and content keys) this crate's API takes.
+pub use kvb_hash;
+/// The KIVI settings ([`KvFormat::Kivi`]) and quantized data this crate's API takes.
+pub use kvb_quant;
 pub use policy::EvictionPolicy;
 pub use radix::{PrefixPath, RadixIndex};
 #[cfg(feature = "redis")]

@@ -378,3 +378,135 @@ fn rope_pairs_and_frequencies_are_the_models() {
     inter.apply(&mut x, 1, &inter.inv_freq());
     assert_eq!(x, [c, s, 0.0, 0.0]);
 }
+
+/// Llama 3.2's scaled frequencies (theta 500000, head 64, factor 32, low 1, high 4, context
+/// 8192) equal those of transformers' formula, evaluated in f64 apart from this code: pairs kept
+/// (0, 14), blended (15, 16, 17) and divided (20, 31).
+#[test]
+fn llama3_frequencies_are_transformers() {
+    let spec = RopeSpec {
+        head_dim: 64,
+        theta: 500000.0,
+        scaling: RopeScaling::Llama3 {
+            factor: 32.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192.0,
+        },
+        pairs: RopePairs::HalfSplit,
+    };
+    let inv = spec.inv_freq();
+    let want = [
+        (0, 1.0),
+        (14, 0.0032114459947525913),
+        (15, 0.001290547928209264),
+        (16, 0.00042955679655936815),
+        (17, 9.70828780262767e-05),
+        (20, 8.570255489881478e-06),
+        (31, 9.418306725434909e-08),
+    ];
+    for (i, w) in want {
+        let got = inv[i] as f64;
+        assert!((got - w).abs() <= 2e-6 * w, "pair {i}: {got} vs {w}");
+    }
+}
+
+/// Inputs that do not fit are errors that name the problem, and leave the chunk as it was.
+#[test]
+fn misfits_are_errors() {
+    let layout = KvLayout {
+        layers: 2,
+        kv_heads: 1,
+        head_dim: 4,
+        order: KvOrder::HeadMajor,
+        dtype: KvDtype::F32,
+    };
+    let cache = Cache::new(layout, 8);
+    let tokens = [1u32, 2, 3];
+    let err = |r: Result<kvb_store::KvChunk, SeamError>| r.unwrap_err().to_string();
+    let k = keys(&tokens);
+    assert!(err(chunk_from_runtime(
+        &cache,
+        0..3,
+        &tokens,
+        &[0, 1],
+        k,
+        KvFormat::F32
+    ))
+    .contains("2 positions"));
+    #[allow(clippy::reversed_empty_ranges)]
+    let backwards = 3..0;
+    assert!(err(chunk_from_runtime(
+        &cache,
+        backwards,
+        &[],
+        &[],
+        k,
+        KvFormat::F32
+    ))
+    .contains("backwards"));
+    assert!(err(chunk_from_runtime(
+        &cache,
+        6..9,
+        &tokens,
+        &[0, 1, 2],
+        k,
+        KvFormat::F32
+    ))
+    .contains("runtime"));
+    /// A runtime that hands back one value too few.
+    struct Short(Cache);
+    impl RuntimeKv for Short {
+        fn layout(&self) -> KvLayout {
+            self.0.layout()
+        }
+        fn read(&self, l: usize, p: KvPart, t: Range<usize>) -> Result<Vec<u8>, SeamError> {
+            let mut b = self.0.read(l, p, t)?;
+            b.truncate(b.len() - 4);
+            Ok(b)
+        }
+        fn write(&mut self, l: usize, p: KvPart, at: usize, b: &[u8]) -> Result<(), SeamError> {
+            self.0.write(l, p, at, b)
+        }
+    }
+    let short = Short(Cache::new(layout, 8));
+    assert!(err(chunk_from_runtime(
+        &short,
+        0..3,
+        &tokens,
+        &[0, 1, 2],
+        k,
+        KvFormat::F32
+    ))
+    .contains("gave 44 bytes"));
+    let mut chunk =
+        chunk_from_runtime(&cache, 0..3, &tokens, &[0, 1, 2], k, KvFormat::F32).unwrap();
+    let before = chunk.clone();
+    let spec = RopeSpec {
+        head_dim: 4,
+        theta: 10000.0,
+        scaling: RopeScaling::None,
+        pairs: RopePairs::HalfSplit,
+    };
+    assert!(rerotate_chunk(&mut chunk, &spec, &[5, 6])
+        .unwrap_err()
+        .to_string()
+        .contains("2 new positions"));
+    let factors = RopeSpec {
+        scaling: RopeScaling::FreqFactors(vec![1.0]),
+        ..spec.clone()
+    };
+    assert!(rerotate_chunk(&mut chunk, &factors, &[5, 6, 7])
+        .unwrap_err()
+        .to_string()
+        .contains("1 frequency factors"));
+    chunk.layers[1].k = KvData::F32(vec![0.0; 5]);
+    let broken = chunk.clone();
+    assert!(rerotate_chunk(&mut chunk, &spec, &[5, 6, 7]).is_err());
+    assert_eq!(chunk, broken, "a failed move leaves the chunk as it was");
+    let mut target = Cache::new(layout, 8);
+    assert!(write_chunk_into(&before, 2..5, &mut target, 0)
+        .unwrap_err()
+        .to_string()
+        .contains("tokens 2..5"));
+}

@@ -138,6 +138,9 @@ pub fn chunk_from_runtime(
     format: KvFormat,
 ) -> Result<KvChunk, SeamError> {
     let layout = kv.layout();
+    if slots.start > slots.end {
+        return Err(SeamError::Layout(format!("slots {slots:?} run backwards")));
+    }
     let n = slots.len();
     if tokens.len() != n || positions.len() != n {
         return Err(SeamError::Layout(format!(
@@ -150,15 +153,13 @@ pub fn chunk_from_runtime(
     let shape = [layout.kv_heads, n, layout.head_dim];
     let mut layers = Vec::with_capacity(layout.layers);
     for layer in 0..layout.layers {
-        let mut both = [KvPart::K, KvPart::V].map(|part| -> Result<KvData, SeamError> {
+        let [k, v] = [KvPart::K, KvPart::V].map(|part| -> Result<KvData, SeamError> {
             let bytes = kv.read(layer, part, slots.clone())?;
             check_run(&layout, n, bytes.len(), layer, part)?;
             let head_major = to_head_major(&layout, n, &bytes);
             encode(head_major, format, shape, part == KvPart::K)
         });
-        let v = std::mem::replace(&mut both[1], Ok(KvData::F32(Vec::new())))?;
-        let k = std::mem::replace(&mut both[0], Ok(KvData::F32(Vec::new())))?;
-        layers.push(LayerKv { k, v });
+        layers.push(LayerKv { k: k?, v: v? });
     }
     Ok(KvChunk {
         prefix_key: keys.prefix_key,
@@ -299,7 +300,7 @@ fn from_head_major(
     let (heads, dim, width) = (layout.kv_heads, layout.head_dim, layout.dtype.bytes());
     let n = range.len();
     let mut out = vec![0u8; layout.run_bytes(n)];
-    // Values the runtime's dtype holds exactly are copied; others pass through f32.
+    // 16-bit values bound for the same type are copied, not rounded through f32 and back.
     let wide = match (data, layout.dtype) {
         (KvData::F16(_), KvDtype::F16) | (KvData::Bf16(_), KvDtype::Bf16) => None,
         _ => Some(data.to_f32()),

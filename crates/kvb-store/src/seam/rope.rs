@@ -14,7 +14,7 @@ use half::{bf16, f16};
 pub enum RopePairs {
     /// Dimension `j` with `j + head_dim / 2` (HF's `rotate_half`: Llama, Qwen2, Mistral, Gemma).
     HalfSplit,
-    /// Dimension `2i` with `2i + 1` (GPT-J style, llama.cpp's own layout).
+    /// Dimension `2i` with `2i + 1` (GPT-J style; llama.cpp's for its `llama` architecture).
     Interleaved,
 }
 
@@ -127,7 +127,16 @@ pub fn rerotate_keys(
     to: &[u32],
 ) -> Result<(), SeamError> {
     let (tokens, dim) = (from.len(), spec.head_dim);
-    if to.len() != tokens || keys.len() != kv_heads * tokens * dim || dim % 2 != 0 {
+    if let RopeScaling::FreqFactors(f) = &spec.scaling {
+        if f.len() != dim / 2 {
+            return Err(SeamError::Layout(format!(
+                "{} frequency factors for a head of {dim} ({} pairs)",
+                f.len(),
+                dim / 2
+            )));
+        }
+    }
+    if to.len() != tokens || keys.len() != kv_heads * tokens * dim || dim == 0 || dim % 2 != 0 {
         return Err(SeamError::Layout(format!(
             "{} key values for {kv_heads} heads x {tokens} tokens x {dim} (even), {} new \
              positions",
@@ -156,14 +165,27 @@ pub fn rerotate_chunk(chunk: &mut KvChunk, spec: &RopeSpec, to: &[u32]) -> Resul
             spec.head_dim, chunk.head_dim
         )));
     }
-    for layer in &mut chunk.layers {
+    if to.len() != chunk.len() {
+        return Err(SeamError::Layout(format!(
+            "{} new positions for a chunk of {} tokens",
+            to.len(),
+            chunk.len()
+        )));
+    }
+    chunk.check().map_err(SeamError::Layout)?;
+    // Every layer turned before any is replaced: an error leaves the chunk as it was.
+    let mut turned = Vec::with_capacity(chunk.layers.len());
+    for layer in &chunk.layers {
         let mut keys = layer.k.to_f32();
         rerotate_keys(&mut keys, chunk.kv_heads, spec, &chunk.positions, to)?;
-        layer.k = match &layer.k {
+        turned.push(match &layer.k {
             KvData::F16(_) => KvData::F16(keys.iter().map(|&x| f16::from_f32(x)).collect()),
             KvData::Bf16(_) => KvData::Bf16(keys.iter().map(|&x| bf16::from_f32(x)).collect()),
             KvData::F32(_) | KvData::Quantized(_) => KvData::F32(keys),
-        };
+        });
+    }
+    for (layer, k) in chunk.layers.iter_mut().zip(turned) {
+        layer.k = k;
     }
     chunk.positions = to.to_vec();
     Ok(())

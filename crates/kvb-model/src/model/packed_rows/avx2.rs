@@ -32,7 +32,7 @@ unsafe fn run_groups<const R: usize, const G: usize>(a: &Set) {
     let low = _mm256_set1_epi32(0x0f);
     for c in 0..cells {
         let head: [*const u8; G] = std::array::from_fn(|i| a.cells[i].add(c * cell_bytes));
-        // K-quant cells are long runs that the hardware prefetchers follow.
+        // K-quant kernels prefetch per sub-block, set by set (`prefetch_target`).
         if !a.values.is_k_quant() {
             for h in head {
                 prefetch_cell(h.wrapping_add(AHEAD * cell_bytes), cell_bytes);

@@ -44,7 +44,7 @@ unsafe fn run_pairs<const R: usize, const P: usize>(a: &Set) {
                 a.cells[2 * i + 1].add(c * cell_bytes),
             ];
         }
-        // K-quant cells are long runs that the hardware prefetchers follow.
+        // K-quant kernels prefetch per sub-block, set by set (`prefetch_target`).
         if !a.values.is_k_quant() {
             for h in head.iter().flatten() {
                 prefetch_cell(h.wrapping_add(AHEAD * cell_bytes), cell_bytes);
