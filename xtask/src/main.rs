@@ -131,42 +131,56 @@ const BURN_FREE: [(&str, &[&str]); 7] = [
     ("kvb-store", &["--no-default-features"]),
 ];
 
-/// Fails if a crate of [`BURN_FREE`] depends on burn or CubeCL (through any path, with its
-/// default features or the listed ones), and builds each of those feature sets.
+/// Packages that use the burn-free crates as another runtime would, and must not pull burn
+/// either (built and tested with the workspace, never published).
+const BURN_FREE_USERS: [&str; 1] = ["candle-chunk-reuse"];
+
+/// Fails if a crate of [`BURN_FREE`] or [`BURN_FREE_USERS`] depends on burn or CubeCL (through
+/// any path, with its default features or the listed ones), and checks each crate of
+/// [`BURN_FREE`] with those feature sets alone.
 fn burn_free() -> Result<()> {
     for (krate, flags) in BURN_FREE {
-        let out = cargo()
-            .args([
-                "tree", "-p", krate, "-e", "normal", "--prefix", "none", "-f", "{p}",
-            ])
-            .args(flags)
-            .output()
-            .with_context(|| format!("cargo tree -p {krate}"))?;
-        if !out.status.success() {
-            bail!(
-                "cargo tree -p {krate} {flags:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        let tree = String::from_utf8_lossy(&out.stdout);
-        let mut names: Vec<&str> = tree.lines().filter_map(|l| l.split(' ').next()).collect();
-        names.sort_unstable();
-        names.dedup();
-        let heavy: Vec<&&str> = names
-            .iter()
-            .filter(|n| n.starts_with("burn") || n.starts_with("cubecl"))
-            .collect();
-        if !heavy.is_empty() {
-            bail!("{krate} {flags:?} must not depend on burn or CubeCL, but pulls {heavy:?}");
-        }
-        eprintln!(
-            "{krate} {flags:?}: {} crates, none of them burn",
-            names.len()
-        );
+        no_burn_in_tree(krate, flags)?;
         run(cargo()
             .args(["check", "--release", "-p", krate])
             .args(flags))?;
     }
+    for krate in BURN_FREE_USERS {
+        no_burn_in_tree(krate, &[])?;
+    }
+    Ok(())
+}
+
+/// `cargo tree -e normal` of `krate` with `flags` holds no burn or CubeCL crate.
+fn no_burn_in_tree(krate: &str, flags: &[&str]) -> Result<()> {
+    let out = cargo()
+        .args([
+            "tree", "-p", krate, "-e", "normal", "--prefix", "none", "-f", "{p}",
+        ])
+        .args(flags)
+        .output()
+        .with_context(|| format!("cargo tree -p {krate}"))?;
+    if !out.status.success() {
+        bail!(
+            "cargo tree -p {krate} {flags:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let tree = String::from_utf8_lossy(&out.stdout);
+    let mut names: Vec<&str> = tree.lines().filter_map(|l| l.split(' ').next()).collect();
+    names.sort_unstable();
+    names.dedup();
+    let heavy: Vec<&&str> = names
+        .iter()
+        .filter(|n| n.starts_with("burn") || n.starts_with("cubecl"))
+        .collect();
+    if !heavy.is_empty() {
+        bail!("{krate} {flags:?} must not depend on burn or CubeCL, but pulls {heavy:?}");
+    }
+    eprintln!(
+        "{krate} {flags:?}: {} crates, none of them burn",
+        names.len()
+    );
     Ok(())
 }
 
@@ -262,6 +276,8 @@ fn ci() -> Result<()> {
     if !out.status.success() || !text.contains("Paris") {
         bail!("kvb generate did not answer the capital of France with Paris");
     }
+    // The burn-free crates given to candle: its demo tables (the tests assert; this shows).
+    run(cargo().args(["run", "--release", "--quiet", "-p", "candle-chunk-reuse"]))?;
     // The benchmark harness, on a tiny model, so it cannot rot: it must run every workload and
     // variant and write well-formed results (times are not checked).
     smoke_bench(

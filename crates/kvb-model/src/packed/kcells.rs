@@ -219,7 +219,7 @@ unsafe fn six_bit_pair<const K: u8>(
     // Each row's bits moved to bit 4 (16-bit shifts: what crosses a byte is masked off).
     let (lo_bits, hi_bits) = if K == KIND_Q6K {
         let (h, top) = (high[p / 2], _mm_set1_epi8(0x30));
-        let (l, u) = if p % 2 == 0 {
+        let (l, u) = if p.is_multiple_of(2) {
             (_mm_slli_epi16::<4>(h), _mm_slli_epi16::<2>(h))
         } else {
             (h, _mm_srli_epi16::<2>(h))

@@ -14,6 +14,58 @@
 //! storing a run and writing it back gives the runtime the same bytes when the format keeps its
 //! dtype (f32 always does); a moved chunk's re-rotated keys equal the keys computed at the new
 //! positions within f32 rounding of the angles.
+//!
+//! A runtime's whole use, reuse before its prefill and storing after it (`examples/
+//! candle-chunk-reuse` in kvb's workspace does this for candle):
+//!
+//! ```
+//! # use kvb_store::seam::*;
+//! # use std::ops::Range;
+//! # struct MyCache { k: Vec<Vec<f32>>, v: Vec<Vec<f32>>, len: usize }
+//! # const ROW: usize = 2 * 4; // kv_heads x head_dim
+//! # impl RuntimeKv for MyCache {
+//! #     fn layout(&self) -> KvLayout {
+//! #         KvLayout { layers: 1, kv_heads: 2, head_dim: 4, order: KvOrder::TokenMajor, dtype: KvDtype::F32 }
+//! #     }
+//! #     fn read(&self, l: usize, p: KvPart, t: Range<usize>) -> Result<Vec<u8>, SeamError> {
+//! #         let x = if p == KvPart::K { &self.k[l] } else { &self.v[l] };
+//! #         Ok(x[t.start * ROW..t.end * ROW].iter().flat_map(|v| v.to_le_bytes()).collect())
+//! #     }
+//! #     fn write(&mut self, l: usize, p: KvPart, at: usize, b: &[u8]) -> Result<(), SeamError> {
+//! #         let x = if p == KvPart::K { &mut self.k[l] } else { &mut self.v[l] };
+//! #         for (i, c) in b.chunks_exact(4).enumerate() { x[at * ROW + i] = f32::from_le_bytes(c.try_into().unwrap()); }
+//! #         self.len = self.len.max(at + b.len() / 4 / ROW);
+//! #         Ok(())
+//! #     }
+//! # }
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let tokens: Vec<u32> = (0..300).collect();
+//! # let computed = MyCache { k: vec![(0..300 * ROW).map(|i| i as f32).collect()], v: vec![vec![0.5; 300 * ROW]], len: 300 };
+//! # let mut cache = MyCache { k: vec![vec![0.0; 300 * ROW]], v: vec![vec![0.0; 300 * ROW]], len: 0 };
+//! use kvb_store::{kvb_hash::Namespace, ChunkStore, KvFormat, StoreConfig};
+//! let ns = Namespace::builder().model_fingerprint(b"my-model").build();
+//! let (config, store) = (kvb_chunk::ChunkConfig::default(), ChunkStore::new(StoreConfig::ram(1 << 30))?);
+//! // After a prefill: store each chunk the runtime computed (`computed` is its cache).
+//! let chunks = kvb_chunk::split(&tokens, &config, &ns);
+//! for (i, c) in chunks.iter().enumerate().filter(|(_, c)| c.cacheable) {
+//!     let parent = if i == 0 { ns.root() } else { chunks[i - 1].prefix_key };
+//!     let keys = ChunkKeys { prefix_key: c.prefix_key, content_key: c.content_key, parent };
+//!     let positions: Vec<u32> = c.span().map(|p| p as u32).collect();
+//!     store.insert(chunk_from_runtime(&computed, c.span(), &c.tokens, &positions, keys, KvFormat::F32)?)?;
+//! }
+//! // Before the next prefill: write the longest cached prefix into a fresh cache.
+//! let hit = store.longest_prefix(ns.root(), &tokens)?.expect("stored above");
+//! let mut at = 0;
+//! for (chunk, used) in &hit.chunks {
+//!     write_chunk_into(chunk, 0..*used, &mut cache, at)?;
+//!     at += used;
+//! }
+//! assert_eq!(at, 300);
+//! assert!(cache.read(0, KvPart::K, 0..at)? == computed.read(0, KvPart::K, 0..at)?);
+//! // ... and run the model from token `at` on.
+//! # Ok(())
+//! # }
+//! ```
 
 pub mod rope;
 
