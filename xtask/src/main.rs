@@ -121,12 +121,13 @@ fn run(cmd: &mut Command) -> Result<()> {
 }
 
 /// The crates below the burn line (issue 41): usable by a runtime that has its own tensors.
-const BURN_FREE: [(&str, &[&str]); 7] = [
+const BURN_FREE: [(&str, &[&str]); 8] = [
     ("kvb-hash", &[]),
     ("kvb-chunk", &[]),
     ("kvb-quant", &[]),
     ("kvb-blocks", &[]),
     ("kvb-modelfile", &[]),
+    ("kvb-gemm", &[]),
     ("kvb-store", &[]),
     ("kvb-store", &["--no-default-features"]),
 ];

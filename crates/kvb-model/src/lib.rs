@@ -72,7 +72,7 @@ mod host_read;
 pub mod kv_cache;
 pub mod kv_pool;
 pub mod model;
-pub mod packed;
+pub use kvb_gemm::packed;
 mod pretrained;
 pub mod rope;
 pub mod tokenizer;

@@ -128,10 +128,7 @@ fn widen(src: &[f16], dst: &mut [f32]) {
 
 #[cfg(target_arch = "x86_64")]
 fn has_f16c() -> bool {
-    static F16C: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *F16C.get_or_init(|| {
-        std::arch::is_x86_feature_detected!("f16c") && std::arch::is_x86_feature_detected!("avx")
-    })
+    kvb_gemm::cpu().f16c
 }
 
 #[cfg(target_arch = "x86_64")]

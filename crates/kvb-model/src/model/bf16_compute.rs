@@ -45,7 +45,10 @@ fn rounded_packed(p: &PackedMatrix) -> Result<Option<PackedMatrix>> {
     if !p.k().is_multiple_of(CELL_ROWS) {
         return Ok(None);
     }
-    PackedMatrix::round_to_bf16(&[(&p.to_torch_layout(), p.n())], p.k()).map(Some)
+    Ok(Some(PackedMatrix::round_to_bf16(
+        &[(&p.to_torch_layout(), p.n())],
+        p.k(),
+    )?))
 }
 
 /// The emulated bf16 forward rounds f32 activations; a model whose products quantize them to 8

@@ -10,14 +10,14 @@ mod cpu_pool;
 #[cfg(feature = "cube")]
 mod cube_ops;
 #[cfg(feature = "ndarray")]
-mod few_rows;
+use kvb_gemm::few_rows;
 #[cfg(all(test, feature = "ndarray"))]
 mod gemm_tests;
 #[cfg(feature = "ndarray")]
-pub mod int8;
+pub use kvb_gemm::int8;
 mod layers;
 #[cfg(feature = "ndarray")]
-mod packed_rows;
+use kvb_gemm::packed_rows;
 mod precision;
 mod q8_activations;
 #[cfg(all(test, feature = "ndarray"))]

@@ -95,18 +95,19 @@ fn packed(parts: &[StoredTensor], precision: WeightPrecision) -> Result<Option<P
     match precision {
         WeightPrecision::F32 => Ok(None),
         WeightPrecision::Auto | WeightPrecision::Bf16 if as_stored => {
-            PackedMatrix::from_blocks(&blocks).map(Some)
+            Ok(Some(PackedMatrix::from_blocks(&blocks)?))
         }
         WeightPrecision::Q8_0 if as_stored && floats == 0 => {
-            PackedMatrix::from_blocks(&blocks).map(Some)
+            Ok(Some(PackedMatrix::from_blocks(&blocks)?))
         }
         // f32 parts rounded to bf16; parts stored otherwise (a mix) keep their values in f32.
-        WeightPrecision::Bf16 if blocks.is_empty() && whole_runs => {
-            PackedMatrix::round_to_bf16(&row_views(&as_f32()), cols).map(Some)
-        }
-        WeightPrecision::Q8_0 if whole_runs => {
-            PackedMatrix::quantize_q8_0(&row_views(&as_f32()), cols).map(Some)
-        }
+        WeightPrecision::Bf16 if blocks.is_empty() && whole_runs => Ok(Some(
+            PackedMatrix::round_to_bf16(&row_views(&as_f32()), cols)?,
+        )),
+        WeightPrecision::Q8_0 if whole_runs => Ok(Some(PackedMatrix::quantize_q8_0(
+            &row_views(&as_f32()),
+            cols,
+        )?)),
         // As stored in f32, or too narrow for whole runs of 32: stays f32.
         _ => Ok(None),
     }

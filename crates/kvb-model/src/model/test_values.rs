@@ -5,10 +5,7 @@ use burn::tensor::{Tensor, TensorData};
 
 type Cpu = burn::backend::NdArray<f32>;
 
-/// Value `i` of a deterministic spread of numbers in `[-1000, 1000] / scale`, varied by `seed`.
-pub fn spread(i: usize, seed: u32, scale: f32) -> f32 {
-    (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 2001) as f32 - 1000.0) / scale
-}
+pub use kvb_gemm::test_values::{packed_matrix, spread, FORMATS};
 
 /// burn-ndarray's product of row-major `x [m, k]` and `w [k, n]` (matrixmultiply's sgemm).
 pub fn burn_matmul(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
@@ -16,89 +13,4 @@ pub fn burn_matmul(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f3
     let x = Tensor::<Cpu, 2>::from_data(TensorData::new(x.to_vec(), [m, k]), &dev);
     let w = Tensor::<Cpu, 2>::from_data(TensorData::new(w.to_vec(), [k, n]), &dev);
     x.matmul(w).into_data().to_vec::<f32>().expect("f32 values")
-}
-
-/// Formats [`packed_matrix`] builds: 0 Q8_0 (quantized from f32), 1 Q4_1, 2 Q6_K, 3 bf16,
-/// 4 f16, 5 Q4_K, 6 Q5_K.
-pub const FORMATS: usize = 7;
-
-/// A packed `[k, n]` weight of one of [`FORMATS`] formats with deterministic values, and its
-/// `k`: `blocks_per_row` cells of 32 rows (K-quants: rounded up to whole 256-weight blocks).
-pub fn packed_matrix(
-    format: usize,
-    blocks_per_row: usize,
-    n: usize,
-    seed: u32,
-) -> (crate::packed::PackedMatrix, usize) {
-    use crate::gguf::GgmlType;
-    use crate::packed::{BlockTensor, PackedMatrix, CELL_ROWS};
-    let k_quant = match format {
-        2 => Some(GgmlType::Q6_K),
-        5 => Some(GgmlType::Q4_K),
-        6 => Some(GgmlType::Q5_K),
-        _ => None,
-    };
-    let k = if k_quant.is_some() {
-        blocks_per_row.div_ceil(8) * 256
-    } else {
-        blocks_per_row * CELL_ROWS
-    };
-    let w: Vec<f32> = (0..n * k).map(|i| spread(i + 7919, seed, 700.0)).collect();
-    let byte = |i: usize| ((i as u32).wrapping_mul(2246822519).wrapping_add(seed) >> 13) as u8;
-    let blocks = |ggml_type, bytes| {
-        PackedMatrix::from_blocks(&[BlockTensor {
-            ggml_type,
-            rows: n,
-            cols: k,
-            bytes,
-        }])
-    };
-    let f16 = |v: f32| half::f16::from_f32(v).to_le_bytes();
-    let packed = match (format, k_quant) {
-        (0, _) => PackedMatrix::quantize_q8_0(&[(&w, n)], k),
-        // 16-bit floats: the f32 weights rounded.
-        (3, _) => blocks(
-            GgmlType::Bf16,
-            w.iter()
-                .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
-                .collect(),
-        ),
-        (4, _) => blocks(GgmlType::F16, w.iter().flat_map(|v| f16(*v)).collect()),
-        (1, _) => {
-            // 4-bit values: a Q4_1 block per 32 weights of each output row.
-            let mut bytes = Vec::new();
-            for b in 0..n * k / CELL_ROWS {
-                bytes.extend(f16(0.01 + (b % 7) as f32 * 0.003));
-                bytes.extend(f16(-0.1));
-                bytes.extend((0..16).map(|i| byte(b * 16 + i)));
-            }
-            blocks(GgmlType::Q4_1, bytes)
-        }
-        (_, Some(GgmlType::Q6_K)) => {
-            let mut bytes = Vec::new();
-            for b in 0..n * k / 256 {
-                bytes.extend((0..208).map(|i| byte(b * 208 + i)));
-                bytes.extend(f16(0.001 + (b % 5) as f32 * 0.0003));
-            }
-            blocks(GgmlType::Q6_K, bytes)
-        }
-        (_, Some(t)) => {
-            // Q4_K, Q5_K: finite super-block scale and min of either sign, random scales, mins
-            // and values.
-            let block_bytes = t.block().1;
-            let mut bytes = Vec::new();
-            for b in 0..n * k / 256 {
-                bytes.extend(f16(0.002 + (b % 5) as f32 * 0.0007));
-                bytes.extend(f16(if b % 3 == 0 {
-                    -0.004
-                } else {
-                    0.003 + (b % 4) as f32 * 0.001
-                }));
-                bytes.extend((4..block_bytes).map(|i| byte(b * block_bytes + i)));
-            }
-            blocks(t, bytes)
-        }
-        _ => unreachable!("format {format} is not one of {FORMATS}"),
-    };
-    (packed.expect("a well-formed packed matrix"), k)
 }

@@ -274,9 +274,7 @@ mod tests {
             let want: f32 = portable.iter().sum();
             assert!((sum - want).abs() <= 1e-5 * want, "n {n}: {sum} vs {want}");
             #[cfg(target_arch = "x86_64")]
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
+            if kvb_gemm::Isa::supported().contains(&kvb_gemm::Isa::Avx2Fma) {
                 assert_eq!(Avx2::max(&scores).to_bits(), max.to_bits(), "n {n}");
                 let mut fast = scores.clone();
                 assert_eq!(
@@ -302,9 +300,7 @@ mod tests {
                 let mut acc_p = vec![0.5f32; d];
                 Portable::accumulate(&mut acc_p, &portable, &v, d);
                 #[cfg(target_arch = "x86_64")]
-                if std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("fma")
-                {
+                if kvb_gemm::Isa::supported().contains(&kvb_gemm::Isa::Avx2Fma) {
                     let mut fast = vec![0f32; n];
                     Avx2::scores(&q, &keys, d, 0.125, &mut fast);
                     for (a, b) in fast.iter().zip(&portable) {

@@ -11,8 +11,8 @@
 //! bits ([`PackedMatrix::quantize_q8_0`]) or to bf16 ([`PackedMatrix::round_to_bf16`]).
 //!
 //! **The same values as the f32 path.** Every stored weight is `q * scale + offset` with the
-//! product exact ([`crate::gguf::blocks`]), so dequantizing with a fused multiply-add or with a
-//! multiply and an add gives the one f32 that [`crate::gguf::dequantize`] gives. A product over packed weights therefore
+//! product exact ([`kvb_modelfile::gguf::blocks`]), so dequantizing with a fused multiply-add or with a
+//! multiply and an add gives the one f32 that [`kvb_modelfile::gguf::dequantize`] gives. A product over packed weights therefore
 //! computes, bit for bit, what the same product computes over the weights expanded to f32
 //! (`tests::dequantized_values_equal_the_gguf_expansion`,
 //! `tests::k_quant_cells_equal_the_gguf_expansion`, and the model-level tests in
@@ -38,16 +38,16 @@
 mod dequant;
 pub(crate) mod kcells;
 
-#[cfg(all(target_arch = "x86_64", feature = "ndarray"))]
+#[cfg(target_arch = "x86_64")]
 pub(crate) use dequant::avx2::{head, widen_floats};
-#[cfg(all(target_arch = "x86_64", feature = "ndarray"))]
+#[cfg(target_arch = "x86_64")]
 pub(crate) use dequant::avx512::{bytes16, head_pair, widen_pair};
-#[cfg(all(target_arch = "x86_64", feature = "ndarray"))]
+#[cfg(target_arch = "x86_64")]
 pub(crate) use dequant::{prefetch_cell, AHEAD};
 
-use crate::error::{ModelError, Result};
-use crate::gguf::blocks::{self, Coded};
-use crate::gguf::GgmlType;
+use kvb_modelfile::gguf::blocks::{self, Coded};
+use kvb_modelfile::gguf::GgmlType;
+use kvb_modelfile::{FileError, Result};
 use rayon::prelude::*;
 use std::borrow::Borrow;
 
@@ -218,14 +218,12 @@ impl CellValues {
     pub fn vectorised(self) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
-            static F16C: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
             // f16 cells, the K-quants' f16 scales and the file's f16 scales widen with F16C.
             let halves = match self {
                 CellValues::Nibbles(s) | CellValues::Bytes(s) => s != Scales::F32,
                 _ => self == CellValues::F16 || self.is_k_quant(),
             };
-            kvb_gemm::has_fma()
-                && (!halves || *F16C.get_or_init(|| std::arch::is_x86_feature_detected!("f16c")))
+            crate::has_fma() && (!halves || crate::cpu().f16c)
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -285,7 +283,7 @@ impl PackedMatrix {
     pub fn from_blocks<T: Borrow<BlockTensor>>(parts: &[T]) -> Result<Self> {
         let parts: Vec<&BlockTensor> = parts.iter().map(Borrow::borrow).collect();
         let Some(first) = parts.first().copied() else {
-            return Err(ModelError::Weights("a projection with no weights".into()));
+            return Err(FileError::Weights("a projection with no weights".into()));
         };
         if let Some(values) = CellValues::of_float(first.ggml_type) {
             return Self::from_floats(values, &parts);
@@ -303,7 +301,7 @@ impl PackedMatrix {
                 || k % per_block != 0
                 || p.bytes.len() != p.rows * k / per_block * block_bytes
             {
-                return Err(ModelError::Weights(format!(
+                return Err(FileError::Weights(format!(
                     "cannot keep a {} tensor of [{}, {}] packed (parts must share their input \
                      width, whole blocks, in a quantized format)",
                     type_name(p.ggml_type),
@@ -362,7 +360,7 @@ impl PackedMatrix {
                 || k % per_block != 0
                 || p.bytes.len() != p.rows * k / per_block * block_bytes
             {
-                return Err(ModelError::Weights(format!(
+                return Err(FileError::Weights(format!(
                     "cannot keep a {} tensor of [{}, {}] packed ({} bytes; parts must share their \
                      input width and hold whole blocks of {per_block})",
                     type_name(p.ggml_type),
@@ -408,7 +406,7 @@ impl PackedMatrix {
                 || k % CELL_ROWS != 0
                 || p.bytes.len() != p.rows * k * 2
             {
-                return Err(ModelError::Weights(format!(
+                return Err(FileError::Weights(format!(
                     "cannot keep a {} tensor of [{}, {}] packed with {} parts (parts must share \
                      their type and their input width, a multiple of {CELL_ROWS})",
                     type_name(p.ggml_type),
@@ -453,7 +451,7 @@ impl PackedMatrix {
     /// llama.cpp's Q8_0 does (`d = max |w| / 127`, `q = round(w / d)`). Lossy, unlike packing.
     pub fn quantize_q8_0(parts: &[(&[f32], usize)], cols: usize) -> Result<Self> {
         if cols == 0 || !cols.is_multiple_of(CELL_ROWS) {
-            return Err(ModelError::Weights(format!(
+            return Err(FileError::Weights(format!(
                 "cannot quantize a projection of {cols} inputs to q8_0 (needs a multiple of 32)"
             )));
         }
@@ -613,7 +611,6 @@ impl PackedMatrix {
     /// ([`crate::int8::IntDotMatrix`]): their scale and offset, and their integers in `q` (4-
     /// and 5-bit values unsigned, 8-bit values signed); `None` for 16-bit float cells and where
     /// 32 rows do not share one scale (cells of 16 rows, Q6_K).
-    #[cfg(feature = "ndarray")]
     pub(crate) fn stored_integers(&self, j: usize, b: usize, q: &mut [i16]) -> Option<(f32, f32)> {
         const RUN: usize = 32;
         if !self.values.is_integer() || self.values.sub_rows(self.cell_rows) != RUN {
@@ -713,14 +710,9 @@ mod tests;
 
 /// The blocked GEMM expands a packed weight straight into its panels, block by block; its
 /// reduction blocks (256 rows) are whole cells, so any panel is a run of cells.
-impl kvb_gemm::WeightPanels for PackedMatrix {
+impl crate::WeightPanels for PackedMatrix {
     fn panel(&self, k0: usize, rows: usize, j0: usize, cols: usize, out: &mut [f32]) {
         let cell = self.cell_rows;
-        self.dequantize_into(
-            (k0 / cell, (k0 + rows) / cell),
-            (j0, cols),
-            out,
-            kvb_gemm::NR,
-        );
+        self.dequantize_into((k0 / cell, (k0 + rows) / cell), (j0, cols), out, crate::NR);
     }
 }

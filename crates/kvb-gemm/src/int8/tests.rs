@@ -2,7 +2,7 @@
 
 use super::products::{columns, matmul_quantized, Kernel};
 use super::{IntDotMatrix, QuantizedRows, BLOCK};
-use crate::model::test_values::{packed_matrix, spread};
+use crate::test_values::{packed_matrix, spread};
 use proptest::prelude::*;
 use std::sync::Arc;
 

@@ -67,7 +67,7 @@ pub(super) fn group(
 
 /// Whether [`pair`] runs its 16-lane kernel here (AVX-512F).
 pub(super) fn pairs_vectorised(values: CellValues) -> bool {
-    values.vectorised() && kvb_gemm::isa() == kvb_gemm::Isa::Avx512
+    values.vectorised() && crate::isa() == crate::Isa::Avx512
 }
 
 /// How many cells ahead of the one being expanded the kernels ask for.

@@ -2,7 +2,7 @@
 //! that defines the arithmetic (see the parent module) and runs where AVX-512 VNNI is absent.
 
 use super::{IntDotMatrix, QuantizedRows, BLOCK, LANES};
-use crate::model::few_rows::{column_task_width, in_column_ranges};
+use crate::few_rows::{column_task_width, in_column_ranges};
 
 /// Rows one kernel call keeps in registers (an i32 sum and an f32 output each, beside the
 /// weights).
@@ -27,24 +27,12 @@ pub(super) enum Kernel {
 }
 
 impl Kernel {
-    /// The fastest kernel this CPU runs, within `KVB_CPU_ISA`'s cap ([`kvb_gemm::isa`]).
+    /// The fastest kernel this CPU runs, within `KVB_CPU_ISA`'s cap ([`crate::isa`]).
     pub(super) fn detect() -> Kernel {
         static KERNEL: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
         *KERNEL.get_or_init(|| {
-            #[cfg(target_arch = "x86_64")]
-            {
-                use std::arch::is_x86_feature_detected as has;
-                if kvb_gemm::isa() == kvb_gemm::Isa::Avx512
-                    && has!("avx512bw")
-                    && has!("avx512vnni")
-                {
-                    return Kernel::Vnni512;
-                }
-                if kvb_gemm::isa() >= kvb_gemm::Isa::Avx2Fma {
-                    return Kernel::Avx2;
-                }
-            }
-            Kernel::Portable
+            let all = Kernel::on(crate::cpu());
+            all[all.len() - 1]
         })
     }
 
@@ -60,14 +48,21 @@ impl Kernel {
     /// Every kernel this CPU runs (tests compare them).
     #[cfg(test)]
     pub(super) fn supported() -> Vec<Kernel> {
+        let widest = crate::CpuFeatures::supported();
+        Kernel::on(&widest[widest.len() - 1])
+    }
+
+    /// The kernels a CPU with `features` runs, narrowest first.
+    fn on(features: &crate::CpuFeatures) -> Vec<Kernel> {
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = features;
         let mut all = vec![Kernel::Portable];
         #[cfg(target_arch = "x86_64")]
         {
-            use std::arch::is_x86_feature_detected as has;
-            if kvb_gemm::has_fma() {
+            if features.isa >= crate::Isa::Avx2Fma {
                 all.push(Kernel::Avx2);
             }
-            if has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
+            if features.avx512bw && features.avx512vnni {
                 all.push(Kernel::Vnni512);
             }
         }

@@ -11,11 +11,11 @@
 //!
 //! Bits per weight: Q4_K 4.625 (file 4.5: bytes for the 6-bit scales and mins), Q5_K 5.625
 //! (5.5), Q6_K 6.5625 (the file's). A weight's value is computed as the file defines it
-//! ([`crate::gguf::blocks::KBlock`]): `(q - bias) * (d * sc) + -(dmin * m)`, every product exact in
+//! ([`kvb_modelfile::gguf::blocks::KBlock`]): `(q - bias) * (d * sc) + -(dmin * m)`, every product exact in
 //! f32, so the vector kernels, which form `d * sc` in a register, give the same f32.
 
 use super::{CellValues, GROUP};
-use crate::gguf::blocks::KBlock;
+use kvb_modelfile::gguf::blocks::KBlock;
 
 /// Rows of a K-quant cell (one block).
 pub const ROWS: usize = 256;

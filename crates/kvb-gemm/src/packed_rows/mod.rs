@@ -1,18 +1,18 @@
 //! Products of a few rows (a decode step of up to 16 sequences) by a packed weight, dequantizing in
 //! registers: each weight is loaded once at its stored size, widened, converted and scaled in
 //! a vector register, and multiplied into every row's accumulators, never written back out as
-//! f32. (Expanding a task's columns into a scratch first, as [`kvb_gemm`] does for many
+//! f32. (Expanding a task's columns into a scratch first, as [`crate::blocked`] does for many
 //! rows, took 70% of a SmolLM2 decode step.)
 //!
 //! **The same bits as the f32 kernels.** Per output column the reduction runs in row order,
 //! summed from zero in blocks of [`KC`] rows, the block sums added to the output in order:
-//! exactly [`super::few_rows`]'s (and matrixmultiply's) sums over the same f32 values
-//! (`cpu_ops::tests::packed_products_equal_the_f32_products_bit_for_bit`).
+//! exactly [`crate::few_rows`]'s (and matrixmultiply's) sums over the same f32 values
+//! (`tests` below; kvb-model's `cpu_ops::tests::packed_products_equal_the_f32_products_bit_for_bit`).
 //!
 //! Two kernels: [`avx2`] (8 lanes, one group of columns per register) and, where the CPU has
 //! AVX-512, [`avx512`] (16 lanes, two groups per register), which compute the same bits.
 
-use super::few_rows::{column_task_width, in_column_ranges, KC};
+use crate::few_rows::{column_task_width, in_column_ranges, KC};
 #[cfg(target_arch = "x86_64")]
 use crate::packed::widen_floats;
 use crate::packed::{CellValues, PackedMatrix, GROUP};
@@ -20,11 +20,11 @@ use crate::packed::{CellValues, PackedMatrix, GROUP};
 /// `y [m, n] = x [m, k] · w`, or `None` where the CPU lacks AVX2 and FMA or `m` is above what
 /// its kernel takes ([`Kernel::max_rows`]; the caller then takes the general path).
 pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix) -> Option<Vec<f32>> {
-    matmul_with(kvb_gemm::isa(), x, m, w)
+    matmul_with(crate::isa(), x, m, w)
 }
 
 /// [`matmul`] with the kernels of `isa` (one this CPU runs).
-fn matmul_with(isa: kvb_gemm::Isa, x: &[f32], m: usize, w: &PackedMatrix) -> Option<Vec<f32>> {
+fn matmul_with(isa: crate::Isa, x: &[f32], m: usize, w: &PackedMatrix) -> Option<Vec<f32>> {
     #[cfg(target_arch = "x86_64")]
     {
         let kernel = Kernel::of(isa)?;
@@ -62,11 +62,11 @@ enum Kernel {
 #[cfg(target_arch = "x86_64")]
 impl Kernel {
     /// `isa`'s kernel (none without AVX2 and FMA).
-    fn of(isa: kvb_gemm::Isa) -> Option<Kernel> {
+    fn of(isa: crate::Isa) -> Option<Kernel> {
         match isa {
-            kvb_gemm::Isa::Avx512 => Some(Kernel::Lanes16),
-            kvb_gemm::Isa::Avx2Fma => Some(Kernel::Lanes8),
-            kvb_gemm::Isa::Portable => None,
+            crate::Isa::Avx512 => Some(Kernel::Lanes16),
+            crate::Isa::Avx2Fma => Some(Kernel::Lanes8),
+            crate::Isa::Portable => None,
         }
     }
 
@@ -210,8 +210,8 @@ mod avx512;
 
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
-    use super::super::test_values::{packed_matrix, spread};
     use super::*;
+    use crate::test_values::{packed_matrix, spread};
     use proptest::prelude::*;
 
     proptest! {
@@ -221,12 +221,12 @@ mod tests {
         #[test]
         fn each_kernel_gives_the_f32_products_bits(
             m in 1usize..=16, blocks_per_row in 1usize..20, n in 1usize..300,
-            format in 0usize..super::super::test_values::FORMATS, seed in 0u32..1000,
+            format in 0usize..crate::test_values::FORMATS, seed in 0u32..1000,
         ) {
             let (packed, k) = packed_matrix(format, blocks_per_row, n, seed);
             let x: Vec<f32> = (0..m * k).map(|i| spread(i, seed, 700.0)).collect();
-            let want = super::super::few_rows::matmul(&x, &packed.to_dense(), m, k, n);
-            for isa in kvb_gemm::Isa::supported() {
+            let want = crate::few_rows::matmul(&x, &packed.to_dense(), m, k, n);
+            for isa in crate::Isa::supported() {
                 let Some(got) = matmul_with(isa, &x, m, &packed) else {
                     let takes = Kernel::of(isa).map_or(0, Kernel::max_rows);
                     prop_assert!(m > takes, "{:?} declined {} rows", isa, m);
@@ -249,8 +249,8 @@ mod tests {
                 let (packed, k) = packed_matrix(format, 16, n, 3);
                 for m in 1..=16 {
                     let x: Vec<f32> = (0..m * k).map(|i| spread(i, 5, 700.0)).collect();
-                    let want = super::super::few_rows::matmul(&x, &packed.to_dense(), m, k, n);
-                    for isa in kvb_gemm::Isa::supported() {
+                    let want = crate::few_rows::matmul(&x, &packed.to_dense(), m, k, n);
+                    for isa in crate::Isa::supported() {
                         if let Some(got) = matmul_with(isa, &x, m, &packed) {
                             let same = got
                                 .iter()

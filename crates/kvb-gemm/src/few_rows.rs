@@ -17,7 +17,7 @@
 //! portable loop computes the same sums.
 //!
 //! **Bit-identical to matrixmultiply.** The reduction over `k` runs in blocks of [`KC`] (256, the
-//! `kc` of matrixmultiply's sgemm, which burn-ndarray uses above [`super`]'s row threshold): each
+//! `kc` of matrixmultiply's sgemm, which burn-ndarray uses above kvb-model's few-row threshold): each
 //! block is summed from zero by sequential multiply-adds, and the block sums are added to the
 //! output in order, exactly as matrixmultiply's micro-kernel and its `beta = 1` accumulation do.
 //! So a row's result does not depend on how many rows share the call, nor on which of the two
@@ -34,7 +34,7 @@ const BANDS_PER_TASK: usize = 4;
 /// when a task packs its 256-row block (see `avx2::bands`).
 const BANDS_PER_WIDE_TASK: usize = 16;
 const WIDE: usize = 8192;
-pub(crate) use kvb_gemm::{has_fma, KC};
+pub(crate) use crate::{has_fma, KC};
 /// A weight is read row by row (see the module doc) for up to this many rows ...
 const STREAM_MAX_ROWS: usize = 4;
 /// ... when it is this wide; for 1 or 2 rows already from [`STREAM_MIN_COLS_FEW`] columns.
@@ -361,8 +361,8 @@ mod avx2 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_values::{burn_matmul, spread};
     use super::*;
+    use crate::test_values::{sgemm, spread};
     use proptest::prelude::*;
 
     fn naive(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
@@ -390,7 +390,7 @@ mod tests {
             let x: Vec<f32> = (0..m * k).map(val).collect();
             let w: Vec<f32> = (0..k * n).map(|i| val(i + 104729)).collect();
             let got = matmul(&x, &w, m, k, n);
-            let want = burn_matmul(&x, &w, m, k, n);
+            let want = sgemm(&x, &w, m, k, n);
             if cfg!(target_arch = "x86_64") {
                 for (i, (g, e)) in got.iter().zip(&want).enumerate() {
                     prop_assert_eq!(g.to_bits(), e.to_bits(), "element {} of [{}, {}]: {} vs {}", i, m, n, g, e);
@@ -414,7 +414,7 @@ mod tests {
             let x: Vec<f32> = (0..m * k).map(val).collect();
             let w: Vec<f32> = (0..k * n).map(|i| val(i + 104729)).collect();
             let got = matmul(&x, &w, m, k, n);
-            let want = burn_matmul(&x, &w, m, k, n);
+            let want = sgemm(&x, &w, m, k, n);
             if cfg!(target_arch = "x86_64") {
                 for (i, (g, e)) in got.iter().zip(&want).enumerate() {
                     assert_eq!(

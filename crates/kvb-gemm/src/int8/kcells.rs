@@ -12,7 +12,7 @@
 
 use super::products::Kernel;
 use super::{QuantizedRows, BLOCK};
-use crate::model::few_rows::{column_task_width, in_column_ranges};
+use crate::few_rows::{column_task_width, in_column_ranges};
 use crate::packed::kcells::{parts, Layout, ROWS};
 use crate::packed::{CellValues, PackedMatrix, GROUP};
 
@@ -83,11 +83,12 @@ pub(super) fn columns(
 fn usable(kernel: Kernel) -> Kernel {
     #[cfg(target_arch = "x86_64")]
     {
-        use std::arch::is_x86_feature_detected as has;
-        if !has!("f16c") {
+        // The widest set's features: a test may ask for a kernel above the one in use.
+        let cpu = crate::CpuFeatures::with_isa(crate::Isa::supported().into_iter().max().unwrap());
+        if !cpu.f16c {
             return Kernel::Portable;
         }
-        if kernel == Kernel::Vnni512 && !has!("avx512vl") {
+        if kernel == Kernel::Vnni512 && !cpu.avx512vl {
             return Kernel::Avx2;
         }
     }

@@ -1,0 +1,119 @@
+//! What the CPU offers, detected once per process for every kernel of kvb (these products,
+//! the packed and 8-bit ones, kvb-attn's attention): one answer, so that every product in a
+//! process rounds alike, and one place where `KVB_CPU_ISA` caps it.
+
+/// The vector instructions this crate's kernels use, from the CPU's features (detected once at
+/// run time). All of them sum every output in the same order, so they give the same bits except
+/// [`Isa::Portable`], which rounds products and sums separately as non-FMA CPUs must.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Isa {
+    /// Plain loops, separate multiplies and adds.
+    Portable,
+    /// AVX2 with fused multiply-adds: 8 lanes.
+    Avx2Fma,
+    /// AVX-512F: 16 lanes, 32 registers (a 12 x 32 output block in registers).
+    Avx512,
+}
+
+impl Isa {
+    /// The widest set this CPU runs, capped by `KVB_CPU_ISA` (`avx2` or `portable`) so that one
+    /// machine can measure the narrower paths beside the wider one.
+    pub fn detect() -> Isa {
+        let cap = match std::env::var("KVB_CPU_ISA").as_deref() {
+            Ok("portable") => Isa::Portable,
+            Ok("avx2") => Isa::Avx2Fma,
+            Ok("avx512") | Err(_) => Isa::Avx512,
+            Ok(other) => {
+                // Read once per process, where no caller can take an error: say it and go on
+                // with what the CPU has, rather than run a path the user did not ask for silently.
+                eprintln!(
+                    "kvb: KVB_CPU_ISA={other:?} is not one of portable, avx2, avx512; ignoring it"
+                );
+                Isa::Avx512
+            }
+        };
+        Isa::supported()
+            .into_iter()
+            .filter(|i| *i <= cap)
+            .max()
+            .unwrap_or(Isa::Portable)
+    }
+
+    /// Every set this CPU runs, narrowest first (tests compare them).
+    pub fn supported() -> Vec<Isa> {
+        let mut all = vec![Isa::Portable];
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx2") && has!("fma") {
+                all.push(Isa::Avx2Fma);
+                if has!("avx512f") {
+                    all.push(Isa::Avx512);
+                }
+            }
+        }
+        all
+    }
+}
+
+/// The set [`Isa::detect`] found, once per process, so that every product rounds alike.
+pub fn isa() -> Isa {
+    static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+    *ISA.get_or_init(Isa::detect)
+}
+
+/// The CPU's features the kernels branch on, beyond [`Isa`]; AVX-512 extensions only where
+/// [`Isa::Avx512`] is in use (`KVB_CPU_ISA` caps them too).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpuFeatures {
+    /// The widest vector set in use ([`isa`]).
+    pub isa: Isa,
+    /// F16C and AVX: 16-bit float conversions in 8 lanes.
+    pub f16c: bool,
+    /// AVX-512 BW: byte and word lanes.
+    pub avx512bw: bool,
+    /// AVX-512 VL: AVX-512 instructions on 128- and 256-bit registers.
+    pub avx512vl: bool,
+    /// AVX-512 VNNI: 8-bit dot products.
+    pub avx512vnni: bool,
+}
+
+impl CpuFeatures {
+    /// This CPU's features with `isa` in use.
+    pub fn with_isa(isa: Isa) -> CpuFeatures {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            let wide = isa == Isa::Avx512;
+            CpuFeatures {
+                isa,
+                f16c: has!("f16c") && has!("avx"),
+                avx512bw: wide && has!("avx512bw"),
+                avx512vl: wide && has!("avx512vl"),
+                avx512vnni: wide && has!("avx512vnni"),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        CpuFeatures {
+            isa,
+            f16c: false,
+            avx512bw: false,
+            avx512vl: false,
+            avx512vnni: false,
+        }
+    }
+
+    /// Every feature set this CPU runs, one per [`Isa::supported`] (tests compare them).
+    pub fn supported() -> Vec<CpuFeatures> {
+        Isa::supported()
+            .into_iter()
+            .map(CpuFeatures::with_isa)
+            .collect()
+    }
+}
+
+/// The features in use, detected once ([`isa`] and what goes with it).
+pub fn cpu() -> &'static CpuFeatures {
+    static CPU: std::sync::OnceLock<CpuFeatures> = std::sync::OnceLock::new();
+    CPU.get_or_init(|| CpuFeatures::with_isa(isa()))
+}
