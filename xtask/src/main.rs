@@ -132,6 +132,15 @@ const BURN_FREE: [(&str, &[&str]); 8] = [
     ("kvb-store", &["--no-default-features"]),
 ];
 
+/// The library crates on burn, published after the burn-free ones.
+const ON_BURN: [&str; 5] = [
+    "kvb-attn",
+    "kvb-model",
+    "kvb-repair",
+    "kvb-engine",
+    "kvb-server",
+];
+
 /// Packages that use the burn-free crates as another runtime would, and must not pull burn
 /// either (built and tested with the workspace, never published).
 const BURN_FREE_USERS: [&str; 1] = ["candle-chunk-reuse"];
@@ -254,6 +263,19 @@ fn ci() -> Result<()> {
     let mut package = cargo();
     package.args(["package", "--allow-dirty"]);
     for (krate, _) in BURN_FREE.iter().filter(|(_, flags)| flags.is_empty()) {
+        package.args(["-p", krate]);
+    }
+    run(&mut package)?;
+    // The crates on burn, packaged together (path dependencies resolved to the packages above):
+    // manifests, versions and files as crates.io takes them. Not rebuilt from the packages: that
+    // is a second, debug build of burn and its GPU stacks, and the workspace build above compiles
+    // the same sources (none reads a file outside its crate).
+    let mut package = cargo();
+    package.args(["package", "--allow-dirty", "--no-verify"]);
+    for (krate, _) in BURN_FREE.iter().filter(|(_, flags)| flags.is_empty()) {
+        package.args(["-p", krate]);
+    }
+    for krate in ON_BURN {
         package.args(["-p", krate]);
     }
     run(&mut package)?;

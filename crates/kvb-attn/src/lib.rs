@@ -101,3 +101,11 @@ pub enum AttnError {
     #[error("attention visibility: {0}")]
     Visibility(String),
 }
+
+/// burn, whose `Backend` and tensors this crate's API takes.
+pub use burn;
+
+/// The README's example, run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -139,3 +139,11 @@ pub enum EngineError {
         source: std::io::Error,
     },
 }
+
+/// The crates whose types this crate's API takes or returns.
+pub use {crossbeam, kvb_chunk, kvb_hash, kvb_model, kvb_repair, kvb_store};
+
+/// The README's example, run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

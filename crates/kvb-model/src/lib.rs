@@ -94,3 +94,15 @@ pub use pretrained::{
     detect_format, load_config, load_pretrained, LoadOptions, ModelFormat, Pretrained,
 };
 pub use tokenizer::{ChatMessage, Tokenizer};
+
+/// burn, whose `Backend` and tensors this crate's API takes.
+pub use burn;
+/// Attention and its backend trait ([`ModelBackend`](model::ModelBackend)'s supertrait).
+pub use kvb_attn;
+/// The tokenizer library [`tokenizer::Tokenizer`] wraps.
+pub use tokenizers;
+
+/// The README's example, run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -467,3 +467,11 @@ mod tests {
         }
     }
 }
+
+/// The model runtime whose models and K/V pools this crate's API takes.
+pub use kvb_model;
+
+/// The README's example, run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

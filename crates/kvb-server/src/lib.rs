@@ -10,3 +10,11 @@ pub mod model_arg;
 mod peak_memory;
 pub mod serve;
 mod stop_signal;
+
+/// The crates whose types this crate's API takes or returns.
+pub use {anyhow, axum, kvb_engine, kvb_model, serde_json, tokio};
+
+/// The README's example, run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
