@@ -369,6 +369,14 @@ pub fn select<B: ModelBackend>(
     Ok(report)
 }
 
+/// The model runtime whose models and K/V pools this crate's API takes.
+pub use kvb_model;
+
+/// The README's example, run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -467,11 +475,3 @@ mod tests {
         }
     }
 }
-
-/// The model runtime whose models and K/V pools this crate's API takes.
-pub use kvb_model;
-
-/// The README's example, run as a doctest.
-#[cfg(doctest)]
-#[doc = include_str!("../README.md")]
-pub struct ReadmeDoctests;
