@@ -362,7 +362,8 @@ mod avx2 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_values::{sgemm, spread};
+    use crate::blocked::tests::sgemm;
+    use crate::test_values::spread;
     use proptest::prelude::*;
 
     fn naive(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {

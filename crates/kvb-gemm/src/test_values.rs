@@ -6,33 +6,6 @@ pub fn spread(i: usize, seed: u32, scale: f32) -> f32 {
     (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 2001) as f32 - 1000.0) / scale
 }
 
-/// matrixmultiply's product of row-major `x [m, k]` and `w [k, n]` (what burn-ndarray runs):
-/// the reference the kernels match bit for bit.
-#[cfg(test)]
-pub fn sgemm(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
-    let mut y = vec![0f32; m * n];
-    // SAFETY: x is [m, k], w is [k, n] and y is [m, n], all row-major and as long as that.
-    unsafe {
-        matrixmultiply::sgemm(
-            m,
-            k,
-            n,
-            1.0,
-            x.as_ptr(),
-            k as isize,
-            1,
-            w.as_ptr(),
-            n as isize,
-            1,
-            0.0,
-            y.as_mut_ptr(),
-            n as isize,
-            1,
-        )
-    };
-    y
-}
-
 /// Formats [`packed_matrix`] builds: 0 Q8_0 (quantized from f32), 1 Q4_1, 2 Q6_K, 3 bf16,
 /// 4 f16, 5 Q4_K, 6 Q5_K.
 pub const FORMATS: usize = 7;
