@@ -43,9 +43,16 @@
 //!   `KVB_ATTN=reference` runs burn's ops. The same tests hold it to the per-element answer, and
 //!   long prefills that take it (`tests/cube_matches_naive.rs`; CUDA only, ignored without a GPU).
 //!
+//! - **The K/V pool.** [`KvPool`] holds the K/V of many sequences in blocks of slots, per layer
+//!   `[kv_heads, slots, head_dim]`, in f32 or (on the CPU) f16, and the kernels above read it in
+//!   place. What it gives back is what was written, rounded to its precision, through the host
+//!   and the device read alike and after it grows; a block copy (copy-on-write), a prefault and a
+//!   many-layer host write touch exactly the slots asked for (property and unit tests in
+//!   [`pool`]). Bad layers, slots, blocks and shapes are errors ([`AttnError::Pool`]).
 //! - **Pool writes.** [`AttentionBackend::pool_scatter`] writes new K/V at a pool's slots; the
-//!   CubeCL backends do it in one launch per call (burn's ops need one per run of consecutive
-//!   slots), with the same values (`tests/cube_matches_naive.rs`).
+//!   CPU writes in place (f32 or rounding to f16), the CubeCL backends in one launch per call
+//!   (burn's ops need one per run of consecutive slots), with the same values
+//!   (`tests/cube_matches_naive.rs`).
 //!
 //! - **Host work, counted.** [`host_work`] counts, per thread, the kernel launches, uploads and
 //!   reads that kvb's own code issues (its kernels here, the model's ops in kvb-model), so that a
@@ -76,19 +83,25 @@ mod cpu;
 #[cfg(feature = "cube")]
 mod cube;
 pub mod fastmath;
+pub mod float_dtype;
 mod float_type;
+mod host_read;
 pub mod host_work;
 mod mask;
 pub mod paged;
+pub mod pool;
 mod reference;
 
 pub use backend::AttentionBackend;
 #[cfg(feature = "cube")]
 pub use cube::{Kernel, PagedKernelChoice};
+pub use float_dtype::FloatDtype;
 pub use float_type::float_on;
+pub use host_read::to_host_f32;
 pub use host_work::HostWork;
 pub use mask::Visibility;
 pub use paged::{paged_attention, PagedBatch, PagedSeq};
+pub use pool::{HostKv, KvPool};
 pub use reference::attention;
 
 /// Everything that can go wrong when calling attention.
@@ -100,6 +113,10 @@ pub enum AttnError {
     /// A visibility description does not fit the number of queries or keys.
     #[error("attention visibility: {0}")]
     Visibility(String),
+    /// A K/V pool cannot be built as asked (its element type, its block size), or was asked for
+    /// a layer, slot or block it does not have.
+    #[error("K/V pool: {0}")]
+    Pool(String),
 }
 
 /// burn, whose `Backend` and tensors this crate's API takes.

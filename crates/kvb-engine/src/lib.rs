@@ -140,6 +140,13 @@ pub enum EngineError {
     },
 }
 
+/// The K/V pool's and attention's errors, as the model errors they are.
+impl From<kvb_model::kvb_attn::AttnError> for EngineError {
+    fn from(e: kvb_model::kvb_attn::AttnError) -> Self {
+        EngineError::Model(e.into())
+    }
+}
+
 /// The crates whose types this crate's API takes or returns.
 pub use {crossbeam, kvb_chunk, kvb_hash, kvb_model, kvb_repair, kvb_store};
 

@@ -21,7 +21,8 @@
 //!
 //! No tensors, no burn: slices and micro-kernels (AVX2+FMA, AVX-512, portable elsewhere).
 //! Promises proved by each module's tests (bit-for-bit against matrixmultiply and against the
-//! f32 expansion of every packed format, on every kernel this CPU runs).
+//! f32 expansion of every packed format, on every kernel this CPU runs); packed blocks read back
+//! as llama.cpp's own Python package dequantizes them (`tests/gguf_blocks.rs`).
 
 pub mod blocked;
 pub mod cpu;

@@ -61,14 +61,14 @@ pub fn gguf_to_hf_folder(gguf_path: &Path, out: &Path) -> Result<()> {
         .map(|(name, shape, bytes)| {
             TensorView::new(Dtype::F32, shape.clone(), bytes)
                 .map(|v| (name.clone(), v))
-                .map_err(|e| ModelError::Weights(format!("tensor `{name}`: {e}")))
+                .map_err(|e| ModelError::weights(format!("tensor `{name}`: {e}")))
         })
         .collect::<Result<Vec<_>>>()?;
     let st = tmp.join("model.safetensors");
     let mut meta = std::collections::HashMap::new();
     meta.insert("format".to_string(), "pt".to_string());
     safetensors::serialize_to_file(views, Some(meta), &st)
-        .map_err(|e| ModelError::Weights(format!("{}: {e}", st.display())))?;
+        .map_err(|e| ModelError::weights(format!("{}: {e}", st.display())))?;
 
     if out.exists() {
         std::fs::remove_dir_all(out).map_err(|e| ModelError::io(out, e))?;

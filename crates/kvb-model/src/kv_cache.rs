@@ -8,8 +8,8 @@
 //! decode step does not copy the whole cache.
 
 use crate::error::{ModelError, Result};
-use crate::kv_pool::KvPool;
 use crate::model::ModelBackend;
+use crate::KvPool;
 use burn::tensor::Tensor;
 use std::ops::Range;
 

@@ -66,11 +66,9 @@ pub mod backends;
 pub mod convert;
 mod error;
 pub mod fetch;
-pub mod float_dtype;
 pub mod generate;
-mod host_read;
+mod host_ids;
 pub mod kv_cache;
-pub mod kv_pool;
 pub mod model;
 pub use kvb_gemm::packed;
 mod pretrained;
@@ -79,16 +77,16 @@ pub mod tokenizer;
 
 pub use config::{Family, ModelConfig, RopeScaling};
 pub use error::{ModelError, Result};
-pub use float_dtype::FloatDtype;
-pub use host_read::to_host_f32;
 pub use kv_cache::KvCache;
-pub use kv_pool::KvPool;
-/// Creation options naming a backend's float type (see kvb-attn).
-pub use kvb_attn::{float_on, host_work, HostWork};
+/// Creation options naming a backend's float type, the K/V pool, host reads (see kvb-attn).
+pub use kvb_attn::{
+    float_dtype, float_on, host_work, pool as kv_pool, to_host_f32, FloatDtype, HostKv, HostWork,
+    KvPool,
+};
 pub use kvb_modelfile::{config, gguf, weights};
 pub use model::{
-    ActivationPrecision, ComputePrecision, ForwardBatch, HostKv, LogitsFor, Model, ModelBackend,
-    SeqRows, WeightPrecision,
+    ActivationPrecision, ComputePrecision, ForwardBatch, LogitsFor, Model, ModelBackend, SeqRows,
+    WeightPrecision,
 };
 pub use pretrained::{
     detect_format, load_config, load_pretrained, LoadOptions, ModelFormat, Pretrained,

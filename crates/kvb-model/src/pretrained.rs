@@ -58,10 +58,11 @@ pub struct Pretrained<B: ModelBackend> {
 pub fn detect_format(path: &Path) -> Result<ModelFormat> {
     if path.is_dir() {
         if !path.join("config.json").is_file() {
-            return Err(ModelError::Config {
+            return Err(kvb_modelfile::FileError::Config {
                 path: path.join("config.json"),
                 reason: "the model folder has no config.json".into(),
-            });
+            }
+            .into());
         }
         Ok(ModelFormat::HfFolder)
     } else if path.is_file() {

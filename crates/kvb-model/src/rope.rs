@@ -5,7 +5,7 @@
 //! a new offset, sparse recompute), so kvb has its own. Angles are computed in f32 exactly as
 //! transformers does (`inv_freq * position` in f32, then cos/sin), so golden logits match.
 
-use crate::config::{ModelConfig, RopeScaling};
+use crate::config::ModelConfig;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use kvb_attn::float_on;
@@ -29,41 +29,9 @@ pub struct RopeTables<B: Backend> {
 impl Rope {
     /// The frequencies of `config` (theta, head_dim and rope_scaling).
     pub fn new(config: &ModelConfig) -> Self {
-        let dim = config.head_dim;
-        let base = config.rope_theta;
-        let mut inv_freq: Vec<f32> = (0..dim / 2)
-            .map(|i| 1.0 / base.powf((2 * i) as f32 / dim as f32))
-            .collect();
-        match &config.rope_scaling {
-            RopeScaling::None => {}
-            RopeScaling::Linear { factor } => inv_freq.iter_mut().for_each(|f| *f /= factor),
-            // As llama.cpp applies a GGUF's `rope_freqs`: each frequency divided by its factor.
-            RopeScaling::FreqFactors(factors) => {
-                for (f, factor) in inv_freq.iter_mut().zip(factors) {
-                    *f /= factor;
-                }
-            }
-            RopeScaling::Llama3 {
-                factor,
-                low_freq_factor,
-                high_freq_factor,
-                original_max_position_embeddings: old_ctx,
-            } => {
-                // Llama 3.1: keep high frequencies, divide low ones by `factor`, blend in between.
-                let low_wavelen = old_ctx / low_freq_factor;
-                let high_wavelen = old_ctx / high_freq_factor;
-                for f in inv_freq.iter_mut() {
-                    let wavelen = 2.0 * std::f32::consts::PI / *f;
-                    if wavelen > low_wavelen {
-                        *f /= factor;
-                    } else if wavelen >= high_wavelen {
-                        let smooth = (old_ctx / wavelen - low_freq_factor)
-                            / (high_freq_factor - low_freq_factor);
-                        *f = (1.0 - smooth) * *f / factor + smooth * *f;
-                    }
-                }
-            }
-        }
+        let inv_freq = config
+            .rope_scaling
+            .inv_freq(config.head_dim, config.rope_theta);
         Rope { inv_freq }
     }
 

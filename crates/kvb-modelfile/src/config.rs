@@ -61,6 +61,47 @@ pub enum RopeScaling {
     FreqFactors(Vec<f32>),
 }
 
+impl RopeScaling {
+    /// One frequency per rotated pair of a head of `head_dim`, for base `theta`, scaled: as
+    /// transformers computes them (in f32), so that angles and golden logits match.
+    pub fn inv_freq(&self, head_dim: usize, theta: f32) -> Vec<f32> {
+        let mut inv_freq: Vec<f32> = (0..head_dim / 2)
+            .map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32))
+            .collect();
+        match self {
+            RopeScaling::None => {}
+            RopeScaling::Linear { factor } => inv_freq.iter_mut().for_each(|f| *f /= factor),
+            // As llama.cpp applies a GGUF's `rope_freqs`: each frequency divided by its factor.
+            RopeScaling::FreqFactors(factors) => {
+                for (f, factor) in inv_freq.iter_mut().zip(factors) {
+                    *f /= factor;
+                }
+            }
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings: old_ctx,
+            } => {
+                // Llama 3.1: keep high frequencies, divide low ones by `factor`, blend in between.
+                let low_wavelen = old_ctx / low_freq_factor;
+                let high_wavelen = old_ctx / high_freq_factor;
+                for f in inv_freq.iter_mut() {
+                    let wavelen = 2.0 * std::f32::consts::PI / *f;
+                    if wavelen > low_wavelen {
+                        *f /= factor;
+                    } else if wavelen >= high_wavelen {
+                        let smooth = (old_ctx / wavelen - low_freq_factor)
+                            / (high_freq_factor - low_freq_factor);
+                        *f = (1.0 - smooth) * *f / factor + smooth * *f;
+                    }
+                }
+            }
+        }
+        inv_freq
+    }
+}
+
 /// A resolved model configuration: every default applied, every field checked.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {

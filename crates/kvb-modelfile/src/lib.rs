@@ -14,8 +14,9 @@
 //!   positions through RoPE alone, the Llama block layout).
 //!
 //! Promises and the tests that prove them: each block type dequantizes as llama.cpp does
-//! (`gguf::dequant` unit tests here; `fixtures/gguf-blocks/` through kvb-model's
-//! `tests/llama_cpp_files.rs` and `tests/gguf_blocks.rs`); a GGUF read here gives the model the
+//! (`gguf::dequant` unit tests; `tests/gguf_blocks.rs` against llama.cpp's own dequantization
+//! of `fixtures/gguf-blocks/`; whole files from llama.cpp's quantizer through kvb-model's
+//! `tests/llama_cpp_files.rs`); a GGUF read here gives the model the
 //! transformers logits (kvb-model's golden tests); malformed files are errors, never panics
 //! (kvb-model's `tests/malformed_checkpoints.rs` and the fuzz targets of `fuzz/`).
 #![warn(missing_docs)]

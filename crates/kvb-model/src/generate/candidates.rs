@@ -70,7 +70,7 @@ pub fn top_candidates<B: Backend>(logits: Tensor<B, 2>, k: usize) -> Result<Cand
         let ids = logits.argmax(1);
         return Ok(Candidates {
             k,
-            ids: crate::host_read::to_host_ids(ids)?,
+            ids: crate::host_ids::to_host_ids(ids)?,
             values: Vec::new(),
         });
     }

@@ -1,8 +1,8 @@
 //! [`ForwardBatch`]: the rows one forward pass runs, from any number of sequences in a pool.
 
 use crate::error::{ModelError, Result};
-use crate::kv_pool::KvPool;
 use crate::model::ModelBackend;
+use crate::KvPool;
 use kvb_attn::PagedSeq;
 
 /// The rows of one sequence in a [`ForwardBatch`].

@@ -55,7 +55,7 @@ fn rounded_packed(p: &PackedMatrix) -> Result<Option<PackedMatrix>> {
 /// bits already is not one it emulates.
 #[cfg(feature = "ndarray")]
 fn not_with_q8_activations() -> crate::error::ModelError {
-    crate::error::ModelError::Unsupported(
+    crate::error::ModelError::unsupported(
         "a bf16 forward of a model with 8-bit activations (load it with f32 activations)".into(),
     )
 }

@@ -1,10 +1,8 @@
-//! burn-ndarray's overrides of [`ModelBackend`]: fused row passes, the few-row product, and the
-//! K/V pool in place (f32 or f16, [`super::cpu_pool`]).
+//! burn-ndarray's overrides of [`ModelBackend`]: fused row passes and the few-row product (its
+//! K/V pool in place is kvb-attn's).
 
-use super::backend_ops::{self, HostKv, ModelBackend, PoolLayer};
-use super::cpu_pool;
+use super::backend_ops::{self, ModelBackend};
 use crate::config::Activation;
-use crate::float_dtype::FloatDtype;
 use crate::packed::PackedMatrix;
 use crate::rope::RopeTables;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
@@ -236,86 +234,6 @@ impl ModelBackend for NdArray<f32> {
             _ => super::int8::matmul(&crate::to_host_f32(x), m, w),
         };
         Tensor::from_data(TensorData::new(y, [m, w.n()]), &device)
-    }
-
-    /// f32 and f16 (see [`super::cpu_pool`]).
-    fn holds_pool_precision(precision: FloatDtype) -> bool {
-        precision != FloatDtype::Bf16
-    }
-
-    fn pool_zeros(
-        shape: [usize; 3],
-        precision: FloatDtype,
-        _device: &burn::tensor::Device<Self>,
-    ) -> Tensor<Self, 3> {
-        cpu_pool::zeros(shape, precision)
-    }
-
-    fn pool_grow(pool: Tensor<Self, 3>, slots: usize, precision: FloatDtype) -> Tensor<Self, 3> {
-        cpu_pool::grow(pool, slots, precision)
-    }
-
-    fn pool_gather(pool: &Tensor<Self, 3>, slots: &[usize]) -> Tensor<Self, 3> {
-        cpu_pool::gather(pool, slots)
-    }
-
-    fn pool_prefault(pool: Tensor<Self, 3>, slots: std::ops::Range<usize>) -> Tensor<Self, 3> {
-        cpu_pool::prefault(pool, slots)
-    }
-
-    fn pool_write(
-        pool: Tensor<Self, 3>,
-        slots: &[usize],
-        values: Tensor<Self, 3>,
-    ) -> Tensor<Self, 3> {
-        kvb_attn::host_work::launched(1);
-        let [h, n, d] = values.dims();
-        let primitive = rows_of3(&values);
-        match primitive.as_ref().and_then(f32_slice) {
-            Some((shape, v)) if shape == [h, n, d] => {
-                cpu_pool::write(pool, slots, HostKv::all(v, n))
-            }
-            // Not contiguous f32: through host values (the pool may hold f16, which burn's ops
-            // cannot write).
-            _ => {
-                let v = values.into_data().convert::<f32>().to_vec::<f32>();
-                cpu_pool::write(pool, slots, HostKv::all(&v.unwrap_or_default(), n))
-            }
-        }
-    }
-
-    fn pool_write_host(pool: Tensor<Self, 3>, slots: &[usize], src: HostKv) -> Tensor<Self, 3> {
-        cpu_pool::write(pool, slots, src)
-    }
-
-    /// The layers in parallel: a warm request copies tens of megabytes of stored K/V, which one
-    /// core moved at ~8 GB/s (1.1 ms of a RAG request's 434 cached tokens).
-    fn pool_write_host_layers(
-        layers: Vec<PoolLayer<Self>>,
-        slots: &[usize],
-        srcs: &[(HostKv, HostKv)],
-    ) -> Vec<PoolLayer<Self>> {
-        layers
-            .into_par_iter()
-            .zip(srcs.par_iter())
-            .map(|(layer, src)| backend_ops::write_host_layer::<Self>(layer, slots, src))
-            .collect()
-    }
-
-    fn pool_copy(pool: Tensor<Self, 3>, from: &[usize], to: &[usize]) -> Tensor<Self, 3> {
-        cpu_pool::copy(pool, from, to)
-    }
-
-    fn pool_read_host(pool: &Tensor<Self, 3>, slots: &[usize]) -> Vec<f32> {
-        cpu_pool::read_host(pool, slots)
-    }
-}
-
-/// The primitive of a 3-d tensor.
-fn rows_of3(t: &Tensor<NdArray<f32>, 3>) -> Option<NdArrayTensor> {
-    match t.clone().into_primitive() {
-        TensorPrimitive::Float(p) => Some(p),
-        _ => None,
     }
 }
 

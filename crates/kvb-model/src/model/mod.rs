@@ -5,8 +5,6 @@ mod batch;
 mod bf16_compute;
 #[cfg(feature = "ndarray")]
 mod cpu_ops;
-#[cfg(feature = "ndarray")]
-mod cpu_pool;
 #[cfg(feature = "cube")]
 mod cube_ops;
 #[cfg(feature = "ndarray")]
@@ -24,14 +22,14 @@ mod q8_activations;
 mod test_values;
 
 pub use backend_ops::{
-    gated_activation_reference, pool_read, pool_write_reference, rms_norm_reference,
-    split_heads_reference, HostKv, ModelBackend, PoolLayer,
+    gated_activation_reference, rms_norm_reference, split_heads_reference, ModelBackend,
 };
 pub use batch::{ForwardBatch, SeqRows};
 pub use bf16_compute::ComputePrecision;
 /// Rows up to which a CubeCL backend multiplies a projection in kvb's own kernel.
 #[cfg(feature = "cube")]
 pub use cube_ops::PROJECTION_KERNEL_ROWS;
+pub use kvb_attn::pool::HostKv;
 pub use layers::{activate, Embedding, Linear, RmsNorm};
 pub use precision::WeightPrecision;
 pub use q8_activations::ActivationPrecision;
@@ -39,11 +37,11 @@ pub use q8_activations::ActivationPrecision;
 use crate::config::{Family, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
-use crate::kv_pool::KvPool;
 use crate::rope::{Rope, RopeTables};
 use crate::weights::{StoredTensor, TensorSource, WeightLoader};
 use batch::Layout;
 use burn::tensor::{Int, Tensor, TensorData};
+use kvb_attn::KvPool;
 use kvb_attn::{host_work, AttentionBackend, PagedBatch};
 
 /// Which positions of a forward pass get logits. Projecting every prefill position through a
@@ -200,7 +198,7 @@ impl<B: ModelBackend> Model<B> {
             };
             let down_w = loader.take_stored(&format!("{p}.mlp.down_proj.weight"), &[h, inter])?;
             if c.mlp_bias {
-                return Err(ModelError::Unsupported(
+                return Err(ModelError::unsupported(
                     "MLP biases (mlp_bias = true)".into(),
                 ));
             }

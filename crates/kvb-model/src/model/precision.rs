@@ -154,7 +154,7 @@ pub(super) fn linear<B: ModelBackend>(
     device: &B::Device,
 ) -> Result<Linear<B>> {
     if parts.is_empty() {
-        return Err(ModelError::Weights("a projection with no weights".into()));
+        return Err(ModelError::weights("a projection with no weights".into()));
     }
     // Elsewhere the weights are expanded to the backend's floats: one matrix serves.
     if let Some(runs) = stored_apart(&parts, precision).filter(|_| B::runs_packed_weights()) {

@@ -115,7 +115,7 @@ impl<B: ModelBackend> Model<B> {
         if self.activations != ActivationPrecision::F32
             || self.compute != super::ComputePrecision::F32
         {
-            return Err(ModelError::Unsupported(format!(
+            return Err(ModelError::unsupported(format!(
                 "changing a model's activations from {} to {activations}; load it again",
                 self.activations
             )));
@@ -147,14 +147,14 @@ impl<B: ModelBackend> Model<B> {
         use super::int8::IntDotMatrix;
         use std::sync::Arc;
         if !B::runs_packed_weights() {
-            return Err(ModelError::Unsupported(
+            return Err(ModelError::unsupported(
                 "8-bit activations on this backend (its products run in f32; the 8-bit kernels \
                  are the CPU's)"
                     .into(),
             ));
         }
         if !self.takes_q8_activations() {
-            return Err(ModelError::Unsupported(
+            return Err(ModelError::unsupported(
                 "8-bit activations with weights that are not integers in blocks (Q4_0, Q4_1, \
                  Q8_0, Q4_K, Q5_K, Q6_K); add --weights q8_0 to quantize float weights"
                     .into(),
@@ -184,7 +184,7 @@ impl<B: ModelBackend> Model<B> {
 
     #[cfg(not(feature = "ndarray"))]
     fn into_q8_activations(self) -> Result<Self> {
-        Err(ModelError::Unsupported(
+        Err(ModelError::unsupported(
             "8-bit activations without the CPU backend (build with the `ndarray` feature)".into(),
         ))
     }

@@ -132,15 +132,6 @@ where
         rms_norm::launch_residual(cube(x), cube(delta), cube(weight), eps as f32).map(burn)
     }
 
-    /// K and V in one launch ([`kvb_attn::AttentionBackend::pool_scatter_pair`]).
-    fn pool_write_pair(
-        pools: [Tensor<Self, 3>; 2],
-        slots: &[usize],
-        values: [Tensor<Self, 3>; 2],
-    ) -> [Tensor<Self, 3>; 2] {
-        <Self as kvb_attn::AttentionBackend>::pool_scatter_pair(pools, slots, values)
-    }
-
     fn split_heads(
         qkv: Tensor<Self, 2>,
         (hq, hkv, d): (usize, usize, usize),

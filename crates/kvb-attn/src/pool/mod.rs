@@ -3,22 +3,27 @@
 //! Per layer the pool holds K and V as `[kv_heads, blocks * block_size, head_dim]`; block `b` is
 //! slots `b * block_size..(b + 1) * block_size`. Keys are stored after RoPE. Which blocks a
 //! sequence owns, in what order (its *block table*), and who else reads them is the caller's
-//! business: kvb-engine's block manager for many sequences, [`crate::KvCache`] for one. The pool
+//! business: kvb-engine's block manager for many sequences, kvb-model's `KvCache` for one. The pool
 //! only stores values and moves them: writes land in place (the pool owns its tensors alone), a
 //! read gathers the slots asked for. A pool holds f32, or f16 ([`FloatDtype`]) where the
 //! backend can (the CPU): half the memory, and half the bytes every decode step reads.
 
-use crate::error::{ModelError, Result};
-use crate::float_dtype::FloatDtype;
-use crate::model::{HostKv, ModelBackend};
+mod host_kv;
+
+pub(crate) use host_kv::write_host_layer;
+pub use host_kv::{pool_read, HostKv, PoolLayer};
+
+use crate::{AttentionBackend, AttnError, FloatDtype};
 use burn::tensor::Tensor;
+
+type Result<T> = std::result::Result<T, AttnError>;
 
 /// K and V of one layer: `[kv_heads, slots, head_dim]` each.
 type LayerKv<B> = (Tensor<B, 3>, Tensor<B, 3>);
 
 /// Blocks of K/V for every layer.
 #[derive(Debug)]
-pub struct KvPool<B: ModelBackend> {
+pub struct KvPool<B: AttentionBackend> {
     /// `Some` outside of `&mut self` methods; taken only to update a layer in place.
     layers: Vec<Option<LayerKv<B>>>,
     block_size: usize,
@@ -29,7 +34,7 @@ pub struct KvPool<B: ModelBackend> {
     device: B::Device,
 }
 
-impl<B: ModelBackend> KvPool<B> {
+impl<B: AttentionBackend> KvPool<B> {
     /// A pool of `blocks` blocks of `block_size` slots for `num_layers` layers of `kv_heads` heads
     /// of `head_dim`, holding the backend's float type (zeroed; on the CPU its pages are mapped
     /// as blocks are first written).
@@ -60,12 +65,12 @@ impl<B: ModelBackend> KvPool<B> {
         device: &B::Device,
     ) -> Result<Self> {
         if block_size == 0 {
-            return Err(ModelError::Pool(
+            return Err(AttnError::Pool(
                 "a K/V block needs at least one slot".into(),
             ));
         }
         if !B::holds_pool_precision(precision) {
-            return Err(ModelError::Pool(format!(
+            return Err(AttnError::Pool(format!(
                 "this backend cannot hold {precision} values: the CPU holds f32 or f16, a GPU \
                  backend its own float type (here {})",
                 FloatDtype::native::<B>()
@@ -140,7 +145,7 @@ impl<B: ModelBackend> KvPool<B> {
     pub fn layer(&self, layer: usize) -> Result<(&Tensor<B, 3>, &Tensor<B, 3>)> {
         match self.layers.get(layer) {
             Some(Some((k, v))) => Ok((k, v)),
-            _ => Err(ModelError::Forward(format!(
+            _ => Err(AttnError::Pool(format!(
                 "layer {layer} of a pool of {} layers",
                 self.layers.len()
             ))),
@@ -168,7 +173,7 @@ impl<B: ModelBackend> KvPool<B> {
     /// first write; elsewhere nothing to do). Only for a free block: its values are lost.
     pub fn prefault(&mut self, block: usize) -> Result<()> {
         if block >= self.blocks {
-            return Err(ModelError::Forward(format!(
+            return Err(AttnError::Pool(format!(
                 "block {block} of a pool of {} blocks",
                 self.blocks
             )));
@@ -186,21 +191,21 @@ impl<B: ModelBackend> KvPool<B> {
 
     fn check_slots(&self, layer: usize, slots: &[usize], values: Option<[usize; 3]>) -> Result<()> {
         if layer >= self.layers.len() {
-            return Err(ModelError::Forward(format!(
+            return Err(AttnError::Pool(format!(
                 "layer {layer} of a pool of {} layers",
                 self.layers.len()
             )));
         }
         let capacity = self.blocks * self.block_size;
         if let Some(&bad) = slots.iter().find(|&&s| s >= capacity) {
-            return Err(ModelError::Forward(format!(
+            return Err(AttnError::Pool(format!(
                 "pool slot {bad} is beyond the pool's {capacity} slots"
             )));
         }
         if let Some(shape) = values {
             let want = [self.kv_heads, slots.len(), self.head_dim];
             if shape != want {
-                return Err(ModelError::Forward(format!(
+                return Err(AttnError::Pool(format!(
                     "K/V of shape {shape:?} for {} slots of a pool of {} heads x {}",
                     slots.len(),
                     self.kv_heads,
@@ -223,7 +228,7 @@ impl<B: ModelBackend> KvPool<B> {
         self.check_slots(layer, slots, Some(k.dims()))?;
         self.check_slots(layer, slots, Some(v.dims()))?;
         let (pk, pv) = self.layers[layer].take().expect("layer present");
-        let [pk, pv] = B::pool_write_pair([pk, pv], slots, [k, v]);
+        let [pk, pv] = B::pool_scatter_pair([pk, pv], slots, [k, v]);
         self.layers[layer] = Some((pk, pv));
         Ok(())
     }
@@ -265,7 +270,7 @@ impl<B: ModelBackend> KvPool<B> {
     /// in parallel where the backend can.
     pub fn write_host_all(&mut self, slots: &[usize], srcs: &[(HostKv, HostKv)]) -> Result<()> {
         if srcs.len() != self.layers.len() {
-            return Err(ModelError::Forward(format!(
+            return Err(AttnError::Pool(format!(
                 "host K/V for {} layers, the pool has {}",
                 srcs.len(),
                 self.layers.len()
@@ -295,7 +300,7 @@ impl<B: ModelBackend> KvPool<B> {
         for src in [k, v] {
             let need = self.kv_heads * src.tokens * self.head_dim;
             if src.data.len() != need || src.first + slots.len() > src.tokens {
-                return Err(ModelError::Forward(format!(
+                return Err(AttnError::Pool(format!(
                     "{} host values of {} tokens (from token {}) for {} slots of {} heads x {}",
                     src.data.len(),
                     src.tokens,
@@ -313,7 +318,7 @@ impl<B: ModelBackend> KvPool<B> {
     /// block another sequence also reads).
     pub fn copy_slots(&mut self, from: &[usize], to: &[usize]) -> Result<()> {
         if from.len() != to.len() {
-            return Err(ModelError::Forward(format!(
+            return Err(AttnError::Pool(format!(
                 "copying {} slots onto {}",
                 from.len(),
                 to.len()
@@ -331,13 +336,13 @@ impl<B: ModelBackend> KvPool<B> {
     /// The pool slot of logical slot `s` of a sequence with block table `blocks`.
     pub fn pool_slot(&self, blocks: &[u32], s: usize) -> Result<usize> {
         let b = blocks.get(s / self.block_size).ok_or_else(|| {
-            ModelError::Forward(format!(
+            AttnError::Pool(format!(
                 "slot {s} is beyond the {} blocks of the sequence",
                 blocks.len()
             ))
         })?;
         if *b as usize >= self.blocks {
-            return Err(ModelError::Forward(format!(
+            return Err(AttnError::Pool(format!(
                 "block {b} is beyond the pool's {} blocks",
                 self.blocks
             )));

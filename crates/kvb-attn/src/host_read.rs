@@ -1,6 +1,6 @@
 //! Reading float tensors back to the host.
 
-use burn::tensor::{backend::Backend, DType, Int, Tensor};
+use burn::tensor::{backend::Backend, DType, Tensor};
 
 /// The values of `t` as `f32` on the host, in row-major order.
 ///
@@ -11,7 +11,7 @@ use burn::tensor::{backend::Backend, DType, Int, Tensor};
 /// is their widening anyway.
 pub fn to_host_f32<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
     let data = t.into_data();
-    kvb_attn::host_work::read(data.as_bytes().len() as u64);
+    crate::host_work::read(data.as_bytes().len() as u64);
     match data.dtype {
         DType::F16 => decode_half(data.as_bytes(), |b| half::f16::from_ne_bytes(b).to_f32()),
         DType::BF16 => decode_half(data.as_bytes(), |b| half::bf16::from_ne_bytes(b).to_f32()),
@@ -23,42 +23,6 @@ pub fn to_host_f32<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
             }
         }
     }
-}
-
-/// Token ids from an int tensor (`i32`, `u32` or `i64`), decoded at any byte alignment as
-/// [`to_host_f32`] does; an id that does not fit a `u32` is an error.
-pub(crate) fn to_host_ids<B: Backend, const D: usize>(
-    t: Tensor<B, D, Int>,
-) -> crate::Result<Vec<u32>> {
-    let data = t.into_data();
-    let bytes = data.as_bytes();
-    kvb_attn::host_work::read(bytes.len() as u64);
-    let wide: Vec<i64> = match data.dtype {
-        DType::I64 | DType::U64 => bytes
-            .chunks_exact(8)
-            .map(|b| i64::from_ne_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
-            .collect(),
-        DType::I32 => bytes
-            .chunks_exact(4)
-            .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as i64)
-            .collect(),
-        DType::U32 => bytes
-            .chunks_exact(4)
-            .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as i64)
-            .collect(),
-        other => {
-            return Err(crate::ModelError::Forward(format!(
-                "token ids came back as {other:?}"
-            )))
-        }
-    };
-    wide.into_iter()
-        .map(|x| {
-            u32::try_from(x).map_err(|_| {
-                crate::ModelError::Forward(format!("the device returned token id {x}"))
-            })
-        })
-        .collect()
 }
 
 /// Native-endian 16-bit floats from bytes at any alignment, widened by `widen`.
@@ -82,28 +46,13 @@ mod tests {
     #[test]
     fn values_come_back_in_order() {
         let values: Vec<f32> = (0..24).map(|i| i as f32 * 0.5 - 3.0).collect();
-        let t = Tensor::<crate::backends::Cpu, 3>::from_data(
+        let t = Tensor::<burn::backend::NdArray<f32>, 3>::from_data(
             TensorData::new(values.clone(), [2, 3, 4]),
             &Default::default(),
         );
         assert_eq!(to_host_f32(t.clone()), values);
         let swapped: Vec<f32> = to_host_f32(t.swap_dims(0, 2));
         assert_eq!(swapped[..3], [values[0], values[12], values[4]]);
-    }
-
-    #[test]
-    fn token_ids_come_back_and_negative_ones_are_errors() {
-        let dev = Default::default();
-        let ids = Tensor::<crate::backends::Cpu, 2, Int>::from_data(
-            TensorData::new(vec![0i64, 7, 49151, 3], [2, 2]),
-            &dev,
-        );
-        assert_eq!(to_host_ids(ids).unwrap(), [0, 7, 49151, 3]);
-        let bad = Tensor::<crate::backends::Cpu, 1, Int>::from_data(
-            TensorData::new(vec![5i64, -1], [2]),
-            &dev,
-        );
-        assert!(to_host_ids(bad).is_err());
     }
 
     #[test]
@@ -136,7 +85,7 @@ mod tests {
     #[test]
     fn half_precision_tensors_come_back_widened() {
         let values: Vec<f32> = (0..12).map(|i| i as f32 * 0.25 - 1.0).collect();
-        let t = Tensor::<crate::backends::Cpu, 2>::from_data(
+        let t = Tensor::<burn::backend::NdArray<f32>, 2>::from_data(
             TensorData::new(values.clone(), [3, 4]).convert::<half::f16>(),
             &Default::default(),
         );

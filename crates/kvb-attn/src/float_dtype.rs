@@ -11,8 +11,8 @@
 //! Two precisions give different K/V, so the pool's precision is part of every cache key.
 //!
 //! A GPU backend holds weights, activations and its pool in its own float type
-//! ([`FloatDtype::native`]); which backend takes which type is
-//! [`crate::backends::BackendKind::check_dtype`].
+//! ([`FloatDtype::native`]); which backend takes which type is kvb-model's
+//! `BackendKind::check_dtype`.
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Element};
@@ -101,9 +101,8 @@ mod tests {
             [FloatDtype::F32, FloatDtype::F16, FloatDtype::Bf16].map(FloatDtype::bytes),
             [4, 2, 2]
         );
-        #[cfg(feature = "ndarray")]
         assert_eq!(
-            FloatDtype::native::<crate::backends::Cpu>(),
+            FloatDtype::native::<burn::backend::NdArray<f32>>(),
             FloatDtype::F32
         );
     }

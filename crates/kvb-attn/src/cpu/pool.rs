@@ -6,8 +6,9 @@
 //! Writes round to nearest even ([`half`]'s conversions, F16C where the CPU has it: the same
 //! bits either way); reads widen exactly.
 
-use super::backend_ops::{self, runs, HostKv};
-use crate::float_dtype::FloatDtype;
+use crate::paged::{pool_write_runs, runs};
+use crate::pool::{pool_read, HostKv};
+use crate::FloatDtype;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 use burn_ndarray::{NdArray, NdArrayTensor};
 use half::f16;
@@ -71,7 +72,7 @@ impl ValuesRef<'_> {
 
 /// A zeroed layer from a zeroed allocation: the pages are mapped lazily, so a large pool costs
 /// memory only as its blocks are first written (burn's `zeros` writes every element).
-pub(super) fn zeros(shape: [usize; 3], precision: FloatDtype) -> Layer {
+pub(crate) fn zeros(shape: [usize; 3], precision: FloatDtype) -> Layer {
     let n = shape.iter().product();
     let data = match precision {
         FloatDtype::F32 => TensorData::new(vec![0f32; n], shape),
@@ -126,10 +127,27 @@ fn is_f16(pool: &Layer) -> bool {
     )
 }
 
+/// Writes `values` `[h, n, d]` at pool slots `slots` in place (through host values when they
+/// are not contiguous f32: the pool may hold f16, which burn's ops cannot write).
+pub(crate) fn scatter(pool: Layer, slots: &[usize], values: Layer) -> Layer {
+    let [h, n, d] = values.dims();
+    let primitive = values.clone().into_primitive();
+    // Borrowed in place, no copy: every forward pass writes its K/V through here.
+    if let TensorPrimitive::Float(NdArrayTensor::F32(storage)) = &primitive {
+        if storage.shape() == [h, n, d] {
+            if let Some(v) = storage.view().to_slice() {
+                return write(pool, slots, HostKv::all(v, n));
+            }
+        }
+    }
+    let v = values.into_data().convert::<f32>().to_vec::<f32>();
+    write(pool, slots, HostKv::all(&v.unwrap_or_default(), n))
+}
+
 /// Writes host values (tokens `src.first..` of `[h, src.tokens, d]`) at pool slots in place: a
 /// slice-assign per run would first build a tensor of the values and then copy it, two passes
 /// over K/V that a store hit reads by the tens of megabytes.
-pub(super) fn write(pool: Layer, slots: &[usize], src: HostKv) -> Layer {
+pub(crate) fn write(pool: Layer, slots: &[usize], src: HostKv) -> Layer {
     let written = in_place(pool, |mut dst, [h, total, d]| {
         for head in 0..h {
             for (at, first, len) in runs(slots) {
@@ -147,7 +165,7 @@ pub(super) fn write(pool: Layer, slots: &[usize], src: HostKv) -> Layer {
 /// Zeroes slots `slots` of every head: the layer comes from a zeroed allocation whose pages the
 /// kernel maps on first write, one fault per 4 KiB. Measured here, those faults were 90% of a
 /// warm request's copy-on-write of its partial block (16 of 18 us per layer).
-pub(super) fn prefault(pool: Layer, slots: std::ops::Range<usize>) -> Layer {
+pub(crate) fn prefault(pool: Layer, slots: std::ops::Range<usize>) -> Layer {
     in_place(pool, |mut dst, [h, total, d]| {
         for head in 0..h {
             dst.zero((head * total + slots.start) * d, slots.len() * d);
@@ -158,7 +176,7 @@ pub(super) fn prefault(pool: Layer, slots: std::ops::Range<usize>) -> Layer {
 
 /// Copies slots `from` onto slots `to` in place, slot to slot: no tensor ops (the generic path's
 /// 60 per copied block took ~1.5 ms of a warm request's assembly) and no buffer in between.
-pub(super) fn copy(pool: Layer, from: &[usize], to: &[usize]) -> Layer {
+pub(crate) fn copy(pool: Layer, from: &[usize], to: &[usize]) -> Layer {
     let copied = in_place(pool, |mut dst, [h, total, d]| {
         for head in 0..h {
             for (&f, &t) in from.iter().zip(to) {
@@ -197,7 +215,7 @@ fn read_only<R>(pool: &Layer, f: impl FnOnce(ValuesRef, [usize; 3]) -> R) -> Opt
 }
 
 /// The values at `slots` as f32, `[h, n, d]`.
-pub(super) fn read_host(pool: &Layer, slots: &[usize]) -> Vec<f32> {
+pub(crate) fn read_host(pool: &Layer, slots: &[usize]) -> Vec<f32> {
     let read = read_only(pool, |src, [h, total, d]| {
         let n = slots.len();
         let mut out = vec![0f32; h * n * d];
@@ -210,7 +228,7 @@ pub(super) fn read_host(pool: &Layer, slots: &[usize]) -> Vec<f32> {
         out
     });
     read.unwrap_or_else(|| {
-        backend_ops::pool_read(pool, slots)
+        pool_read(pool, slots)
             .into_data()
             .to_vec::<f32>()
             .unwrap_or_default()
@@ -218,7 +236,7 @@ pub(super) fn read_host(pool: &Layer, slots: &[usize]) -> Vec<f32> {
 }
 
 /// The layer grown to `slots` slots: a fresh zeroed layer with every head's old slots copied in.
-pub(super) fn grow(pool: Layer, slots: usize, precision: FloatDtype) -> Layer {
+pub(crate) fn grow(pool: Layer, slots: usize, precision: FloatDtype) -> Layer {
     let [h, old, d] = pool.dims();
     if !is_f16(&pool) && precision == FloatDtype::F32 {
         let fresh = zeros([h, slots, d], precision);
@@ -239,9 +257,9 @@ pub(super) fn grow(pool: Layer, slots: usize, precision: FloatDtype) -> Layer {
 }
 
 /// The values at `slots` as an f32 tensor `[h, n, d]`.
-pub(super) fn gather(pool: &Layer, slots: &[usize]) -> Layer {
+pub(crate) fn gather(pool: &Layer, slots: &[usize]) -> Layer {
     if !is_f16(pool) {
-        return backend_ops::pool_read(pool, slots);
+        return pool_read(pool, slots);
     }
     let [h, _, d] = pool.dims();
     let values = read_host(pool, slots);
@@ -252,5 +270,5 @@ pub(super) fn gather(pool: &Layer, slots: &[usize]) -> Layer {
 fn write_generic(pool: Layer, slots: &[usize], src: HostKv) -> Layer {
     let [h, _, d] = pool.dims();
     let values = src.tensor(h, d, slots.len(), &pool.device());
-    backend_ops::pool_write_reference(pool, slots, values)
+    pool_write_runs(pool, slots, values)
 }
