@@ -371,6 +371,7 @@ impl<B: ModelBackend> Engine<B> {
             stop_at_eos: true,
         };
         let run = Continuation::new(params, self.shared.eos.clone())
+            .with_prompt(&request.tokens)
             .forcing(request.options.forced_tokens.clone());
         let sink = Sink {
             events: events_tx,

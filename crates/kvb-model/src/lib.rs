@@ -63,6 +63,7 @@
 #![warn(missing_docs)]
 
 pub mod backends;
+mod chat_tokens;
 pub mod convert;
 mod error;
 pub mod fetch;

@@ -27,6 +27,8 @@ impl ChatMessage {
 #[derive(Clone)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
+    /// `inner` reading special tokens' texts as text, made when first needed.
+    text_only: std::sync::OnceLock<tokenizers::Tokenizer>,
     chat_template: Option<String>,
     bos_token: Option<String>,
     eos_token: Option<String>,
@@ -69,6 +71,7 @@ impl Tokenizer {
             parsed.map_err(|e| ModelError::Tokenizer(format!("invalid tokenizer.json: {e}")))?;
         Ok(Tokenizer {
             inner,
+            text_only: std::sync::OnceLock::new(),
             chat_template: None,
             bos_token: None,
             eos_token: None,
@@ -157,6 +160,16 @@ impl Tokenizer {
     /// The underlying `tokenizers` tokenizer.
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
+    }
+
+    /// The tokenizer with special tokens' texts read as text (a message's `<|im_start|>` is
+    /// then the characters, not the control token).
+    pub(crate) fn text_only(&self) -> &tokenizers::Tokenizer {
+        self.text_only.get_or_init(|| {
+            let mut t = self.inner.clone();
+            t.set_encode_special_tokens(true);
+            t
+        })
     }
 
     /// Renders `messages` with the model's chat template, as transformers' `apply_chat_template`

@@ -6,7 +6,9 @@ Every check is an assert; the script exits non-zero at the first one that fails 
 one-line summary when all pass.
 """
 
+import json
 import sys
+import urllib.request
 
 import openai
 from openai import OpenAI
@@ -105,5 +107,27 @@ try:
     raise AssertionError("an unknown model was accepted")
 except openai.NotFoundError as e:
     assert e.status_code == 404
+
+# The SDK's sampling fields are served: a logit bias of 100 forces one token over and over,
+# `user` is accepted, and a field kvb does not serve (structured output) is refused by name,
+# never dropped in silence.
+tokenize = urllib.request.Request(
+    base_url + "/tokenize",
+    data=json.dumps({"model": model, "prompt": " blue"}).encode(),
+    headers={"Content-Type": "application/json"},
+)
+forced_id = json.load(urllib.request.urlopen(tokenize))["tokens"][-1]
+biased = client.completions.create(
+    model=model, prompt=prompt, max_tokens=4, temperature=0, logit_bias={str(forced_id): 100},
+    frequency_penalty=0, presence_penalty=0, user="app-user-1",
+)
+assert biased.choices[0].text == " blue" * 4, biased.choices[0].text
+try:
+    client.chat.completions.create(
+        model=model, messages=messages, response_format={"type": "json_object"}
+    )
+    raise AssertionError("response_format was accepted and dropped")
+except openai.BadRequestError as e:
+    assert e.status_code == 400 and e.param == "response_format", e
 
 print(f"openai client: ok ({cached} of {again.usage.prompt_tokens} prompt tokens cached on the repeat)")

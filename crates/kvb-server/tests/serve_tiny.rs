@@ -3,21 +3,8 @@
 
 mod common;
 
-use common::{client, sse_data, tiny_model, Server};
+use common::{client, sse_data, tiny_model, tiny_server, Server};
 use serde_json::{json, Value};
-
-fn tiny_server(extra: &[&str]) -> (tempfile::TempDir, Server) {
-    let (dir, model) = tiny_model();
-    let mut args = vec![
-        "--model",
-        model.to_str().unwrap(),
-        "--served-model-name",
-        "tiny",
-    ];
-    args.extend_from_slice(extra);
-    let s = Server::start(&args);
-    (dir, s)
-}
 
 fn post(s: &Server, path: &str, body: &Value) -> (u16, reqwest::header::HeaderMap, Value) {
     let r = client().post(s.url(path)).json(body).send().unwrap();
@@ -427,6 +414,8 @@ fn the_openapi_document_describes_every_route_and_each_answers() {
         ("/v1/models", "get"),
         ("/v1/warm", "post"),
         ("/v1/stats", "get"),
+        ("/tokenize", "post"),
+        ("/detokenize", "post"),
         ("/health", "get"),
         ("/metrics", "get"),
         ("/openapi.json", "get"),
@@ -461,6 +450,12 @@ fn the_openapi_document_describes_every_route_and_each_answers() {
         "stream",
         "stream_options",
         "n",
+        "top_k",
+        "min_p",
+        "frequency_penalty",
+        "presence_penalty",
+        "repetition_penalty",
+        "logit_bias",
     ] {
         assert!(
             schemas["Sampling"]["properties"].get(field).is_some(),

@@ -60,6 +60,12 @@ impl Continuation {
         }
     }
 
+    /// The prompt's tokens, which a repetition penalty covers as well as the output.
+    pub fn with_prompt(mut self, prompt: &[u32]) -> Self {
+        self.sampler.see_prompt(prompt);
+        self
+    }
+
     /// Teacher forcing: the next tokens are `tokens`, in order, whatever the logits say; once they
     /// run out, sampling resumes. A fidelity check feeds a reference answer this way and reads the
     /// logits at each of its positions (stops still apply: forcing a finished answer ends with it).
@@ -99,6 +105,7 @@ impl Continuation {
             (None, Next::Logits(logits)) => self.sampler.sample(logits),
             (None, Next::Candidates { ids, values }) => self.sampler.sample_candidates(ids, values),
         };
+        self.sampler.record(token);
         self.tokens.push(token);
         if self.params.stop_at_eos && self.eos.contains(&token) {
             self.stop = Some(StopReason::Eos);

@@ -1,9 +1,12 @@
-//! Choosing the next token from logits: greedy, or temperature / top-k / top-p sampling.
+//! Choosing the next token from logits: greedy, or temperature / top-k / top-p / min-p sampling,
+//! after the logits are adjusted by the request's penalties and biases.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use std::collections::{HashMap, HashSet};
 
-/// How to pick tokens. `temperature <= 0` means greedy.
+/// How to pick tokens. `temperature <= 0` means greedy (after the adjustments below, which
+/// apply to greedy choice too, as OpenAI's and vLLM's do).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
     /// Softmax temperature; 0 picks the most likely token.
@@ -12,6 +15,19 @@ pub struct SamplingParams {
     pub top_k: usize,
     /// Keep the smallest set of tokens whose probability reaches `top_p` (1.0 = all).
     pub top_p: f32,
+    /// Keep only tokens at least `min_p` times as likely as the most likely one (0 = all).
+    pub min_p: f32,
+    /// Subtracted from a token's logit once per time it was generated already (OpenAI's
+    /// `frequency_penalty`; 0 = off, negative favours repeats).
+    pub frequency_penalty: f32,
+    /// Subtracted from a token's logit if it was generated at all (OpenAI's `presence_penalty`).
+    pub presence_penalty: f32,
+    /// A token of the prompt or of the output so far has its logit divided by this when
+    /// positive, multiplied when negative (transformers' `repetition_penalty`; 1 = off).
+    pub repetition_penalty: f32,
+    /// Added to the logits of these tokens (OpenAI's `logit_bias`; -100 all but bans a token,
+    /// 100 all but forces it).
+    pub logit_bias: Vec<(u32, f32)>,
     /// Seed of the sampler's random generator: same seed, same tokens.
     pub seed: u64,
 }
@@ -22,6 +38,11 @@ impl Default for SamplingParams {
             temperature: 0.0,
             top_k: 0,
             top_p: 1.0,
+            min_p: 0.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            repetition_penalty: 1.0,
+            logit_bias: Vec::new(),
             seed: 0,
         }
     }
@@ -32,13 +53,26 @@ impl SamplingParams {
     pub fn greedy() -> Self {
         Self::default()
     }
+
+    /// Whether the logits are adjusted before choosing (a penalty or a bias is set).
+    pub fn adjusts_logits(&self) -> bool {
+        self.frequency_penalty != 0.0
+            || self.presence_penalty != 0.0
+            || self.repetition_penalty != 1.0
+            || !self.logit_bias.is_empty()
+    }
 }
 
-/// Picks tokens according to [`SamplingParams`], with its own seeded generator.
+/// Picks tokens according to [`SamplingParams`], with its own seeded generator and the tokens
+/// seen so far (for the penalties).
 #[derive(Debug, Clone)]
 pub struct Sampler {
     params: SamplingParams,
     rng: StdRng,
+    /// How often each token was generated.
+    generated: HashMap<u32, u32>,
+    /// Tokens of the prompt (kept only for a repetition penalty).
+    prompt: HashSet<u32>,
 }
 
 /// The index of the largest value; the lowest index wins a tie (as `torch.argmax`).
@@ -56,11 +90,70 @@ impl Sampler {
     /// A sampler seeded from `params.seed`.
     pub fn new(params: SamplingParams) -> Self {
         let rng = StdRng::seed_from_u64(params.seed);
-        Sampler { params, rng }
+        Sampler {
+            params,
+            rng,
+            generated: HashMap::new(),
+            prompt: HashSet::new(),
+        }
     }
 
-    /// The next token given the logits of the last position.
+    /// Takes note of the prompt's tokens, which a repetition penalty covers too.
+    pub fn see_prompt(&mut self, tokens: &[u32]) {
+        if self.params.repetition_penalty != 1.0 {
+            self.prompt.extend(tokens);
+        }
+    }
+
+    /// Takes note of a generated token (sampled or forced), for the penalties.
+    pub fn record(&mut self, token: u32) {
+        if self.params.adjusts_logits() {
+            *self.generated.entry(token).or_insert(0) += 1;
+        }
+    }
+
+    /// `logits` adjusted by the biases and penalties, in the order vLLM's sampler applies them:
+    /// the bias first (a biased token is then penalised like any other), then repetition, then
+    /// frequency and presence.
+    pub fn adjusted(&self, logits: &[f32]) -> Vec<f32> {
+        let p = &self.params;
+        let mut out = logits.to_vec();
+        for &(t, bias) in &p.logit_bias {
+            if let Some(l) = out.get_mut(t as usize) {
+                *l += bias;
+            }
+        }
+        if p.repetition_penalty != 1.0 {
+            let seen = self.prompt.iter().chain(self.generated.keys());
+            for &t in seen.collect::<HashSet<_>>() {
+                if let Some(l) = out.get_mut(t as usize) {
+                    *l = if *l > 0.0 {
+                        *l / p.repetition_penalty
+                    } else {
+                        *l * p.repetition_penalty
+                    };
+                }
+            }
+        }
+        for (&t, &n) in &self.generated {
+            if let Some(l) = out.get_mut(t as usize) {
+                *l -= p.frequency_penalty * n as f32 + p.presence_penalty;
+            }
+        }
+        out
+    }
+
+    /// The next token given the logits of the last position (the model's own; the sampler
+    /// adjusts them first).
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        if self.params.adjusts_logits() {
+            let adjusted = self.adjusted(logits);
+            return self.sample_adjusted(&adjusted);
+        }
+        self.sample_adjusted(logits)
+    }
+
+    fn sample_adjusted(&mut self, logits: &[f32]) -> u32 {
         if self.params.temperature <= 0.0 || logits.len() <= 1 {
             return argmax(logits) as u32;
         }
@@ -86,10 +179,11 @@ impl Sampler {
     }
 
     /// Whether [`Sampler::sample_candidates`] of the best `k` tokens picks what
-    /// [`Sampler::sample`] picks: greedy, or a top-k of at most `k`.
+    /// [`Sampler::sample`] picks: greedy, or a top-k of at most `k`, with no penalty or bias
+    /// (which can lift a token from outside the best `k`).
     pub fn fits_candidates(&self, k: usize) -> bool {
         let p = &self.params;
-        p.temperature <= 0.0 || (p.top_k > 0 && p.top_k <= k)
+        !p.adjusts_logits() && (p.temperature <= 0.0 || (p.top_k > 0 && p.top_k <= k))
     }
 
     /// Tokens needed by [`Sampler::sample_candidates`]: 1 when greedy, else `top_k` (0 when
@@ -103,7 +197,8 @@ impl Sampler {
     }
 
     /// Draws from `ranked` (token, logit), highest first: cut to `top_k`, softmax at the
-    /// temperature, cut to the `top_p` nucleus.
+    /// temperature, cut to the `top_p` nucleus, then to the tokens at least `min_p` times as
+    /// likely as the first.
     fn pick(&mut self, mut ranked: Vec<(u32, f32)>) -> u32 {
         let p = &self.params;
         if p.top_k > 0 {
@@ -125,6 +220,12 @@ impl Sampler {
                     acc >= p.top_p as f64
                 })
                 .map_or(probs.len(), |i| i + 1);
+            probs.truncate(keep);
+            ranked.truncate(keep);
+        }
+        if p.min_p > 0.0 {
+            let floor = probs[0] * p.min_p as f64;
+            let keep = probs.iter().take_while(|&&x| x >= floor).count().max(1);
             probs.truncate(keep);
             ranked.truncate(keep);
         }
@@ -158,6 +259,7 @@ mod tests {
             top_k: 0,
             top_p: 0.9,
             seed: 7,
+            ..SamplingParams::default()
         };
         let a: Vec<u32> = {
             let mut s = Sampler::new(params.clone());
@@ -173,6 +275,7 @@ mod tests {
             top_k: 1,
             top_p: 1.0,
             seed: 3,
+            ..SamplingParams::default()
         });
         assert!((0..20).all(|_| k1.sample(&logits) == argmax(&logits) as u32));
     }
@@ -196,6 +299,7 @@ mod tests {
                 top_k,
                 top_p,
                 seed: 11,
+                ..SamplingParams::default()
             };
             let mut all = Sampler::new(params.clone());
             let mut some = Sampler::new(params);
@@ -228,6 +332,96 @@ mod tests {
             top_k: 0,
             top_p: 0.6,
             seed: 1,
+            ..SamplingParams::default()
+        });
+        let picks: Vec<u32> = (0..300).map(|_| s.sample(&logits)).collect();
+        assert!(picks.iter().all(|&t| t < 2));
+        assert!(picks.contains(&0) && picks.contains(&1));
+    }
+
+    /// A bias of 100 forces a token greedy decoding would not pick; -100 bans the one it would.
+    #[test]
+    fn logit_bias_forces_and_bans_tokens() {
+        let logits = [1.0f32, 3.0, 2.0, 0.5];
+        let bias = |logit_bias| SamplingParams {
+            logit_bias,
+            ..SamplingParams::default()
+        };
+        assert_eq!(Sampler::new(bias(vec![(3, 100.0)])).sample(&logits), 3);
+        assert_eq!(Sampler::new(bias(vec![(1, -100.0)])).sample(&logits), 2);
+        // An id beyond the vocabulary changes nothing.
+        assert_eq!(Sampler::new(bias(vec![(99, 100.0)])).sample(&logits), 1);
+    }
+
+    /// Frequency penalties grow with each repeat, presence penalties do not; both cover only
+    /// generated tokens, and greedy decoding moves on once the best token is penalised enough.
+    #[test]
+    fn frequency_and_presence_penalties_lower_generated_tokens() {
+        let logits = [2.0f32, 1.5, 1.0, 0.0];
+        let mut s = Sampler::new(SamplingParams {
+            frequency_penalty: 0.25,
+            presence_penalty: 0.5,
+            ..SamplingParams::default()
+        });
+        s.see_prompt(&[2, 3]);
+        for t in [0, 0, 1] {
+            s.record(t);
+        }
+        assert_eq!(
+            s.adjusted(&logits),
+            [2.0 - 0.5 - 0.5, 1.5 - 0.25 - 0.5, 1.0, 0.0]
+        );
+        // Greedy under a frequency penalty of 0.6: token 0 (2.0) loses its lead over 1 (1.5)
+        // after one pick, wins again once 1 is penalised too, then 2 (1.0) comes up.
+        let mut greedy = Sampler::new(SamplingParams {
+            frequency_penalty: 0.6,
+            ..SamplingParams::default()
+        });
+        let picks: Vec<u32> = (0..4)
+            .map(|_| {
+                let t = greedy.sample(&logits);
+                greedy.record(t);
+                t
+            })
+            .collect();
+        assert_eq!(picks, [0, 1, 0, 2]);
+        let plain = Sampler::new(SamplingParams::greedy());
+        assert_eq!(plain.adjusted(&logits), logits);
+    }
+
+    /// A repetition penalty divides positive logits and multiplies negative ones, of prompt and
+    /// generated tokens alike, once per token however often it occurs.
+    #[test]
+    fn repetition_penalty_covers_prompt_and_output() {
+        let logits = [2.0f32, -1.0, 3.0, 1.0];
+        let mut s = Sampler::new(SamplingParams {
+            repetition_penalty: 2.0,
+            ..SamplingParams::default()
+        });
+        s.see_prompt(&[0, 1, 0]);
+        s.record(2);
+        s.record(2);
+        assert_eq!(s.adjusted(&logits), [1.0, -2.0, 1.5, 1.0]);
+        assert!(!s.fits_candidates(64), "penalties need all the logits");
+        // A bias comes first: a favoured token of the prompt is penalised with its bias.
+        let mut biased = Sampler::new(SamplingParams {
+            repetition_penalty: 2.0,
+            logit_bias: vec![(0, 4.0)],
+            ..SamplingParams::default()
+        });
+        biased.see_prompt(&[0]);
+        assert_eq!(biased.adjusted(&logits)[0], 3.0);
+    }
+
+    #[test]
+    fn min_p_never_picks_the_unlikely() {
+        // Probabilities 0.5, 0.3, 0.2: min_p 0.5 keeps those of at least 0.25, the first two.
+        let logits = [0.5f32.ln(), 0.3f32.ln(), 0.2f32.ln()];
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            min_p: 0.5,
+            seed: 5,
+            ..SamplingParams::default()
         });
         let picks: Vec<u32> = (0..300).map(|_| s.sample(&logits)).collect();
         assert!(picks.iter().all(|&t| t < 2));

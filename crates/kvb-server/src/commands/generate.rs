@@ -28,6 +28,18 @@ pub struct SamplingArgs {
     /// Nucleus sampling threshold.
     #[arg(long, default_value_t = SamplingParams::default().top_p)]
     pub top_p: f32,
+    /// Keep only tokens at least this many times as likely as the most likely one (0 = all).
+    #[arg(long, default_value_t = SamplingParams::default().min_p)]
+    pub min_p: f32,
+    /// Lower a token's logit this much per time it was generated already.
+    #[arg(long, default_value_t = SamplingParams::default().frequency_penalty)]
+    pub frequency_penalty: f32,
+    /// Lower a token's logit this much once it was generated at all.
+    #[arg(long, default_value_t = SamplingParams::default().presence_penalty)]
+    pub presence_penalty: f32,
+    /// Divide the logits of the prompt's and output's tokens by this (1 = off).
+    #[arg(long, default_value_t = SamplingParams::default().repetition_penalty)]
+    pub repetition_penalty: f32,
     /// Seed of the sampler.
     #[arg(long, default_value_t = SamplingParams::default().seed)]
     pub seed: u64,
@@ -46,6 +58,11 @@ impl SamplingArgs {
                 temperature: self.temperature,
                 top_k: self.top_k,
                 top_p: self.top_p,
+                min_p: self.min_p,
+                frequency_penalty: self.frequency_penalty,
+                presence_penalty: self.presence_penalty,
+                repetition_penalty: self.repetition_penalty,
+                logit_bias: Vec::new(),
                 seed: self.seed,
             },
             stop_strings: self.stop.clone(),

@@ -49,6 +49,24 @@ pub struct Sampling {
     /// Nucleus sampling, in (0, 1].
     #[schema(exclusive_minimum = 0, maximum = 1)]
     pub top_p: Option<f32>,
+    /// Sample among the `top_k` most likely tokens only (0 or -1: all).
+    #[schema(minimum = -1)]
+    pub top_k: Option<i64>,
+    /// Sample only among tokens at least `min_p` times as likely as the most likely one.
+    #[schema(minimum = 0, maximum = 1)]
+    pub min_p: Option<f32>,
+    /// Lowers a token's logit by this much per time it was generated already.
+    #[schema(minimum = -2, maximum = 2)]
+    pub frequency_penalty: Option<f32>,
+    /// Lowers a token's logit by this much once it was generated at all.
+    #[schema(minimum = -2, maximum = 2)]
+    pub presence_penalty: Option<f32>,
+    /// Divides (positive) or multiplies (negative) the logit of every token of the prompt and
+    /// the output so far (transformers' and vLLM's; 1: off).
+    #[schema(exclusive_minimum = 0, maximum = 10)]
+    pub repetition_penalty: Option<f32>,
+    /// Token id (as a string) to a bias added to its logit, -100 to 100.
+    pub logit_bias: Option<std::collections::HashMap<String, f32>>,
     /// Sampler seed: same seed, same tokens.
     pub seed: Option<u64>,
     /// Generation stops before any of these.

@@ -4,7 +4,7 @@
 use super::body::BodyLimit;
 use super::error::ApiError;
 use super::metrics::{Metrics, Snapshot};
-use super::{completions, info};
+use super::{completions, info, tokenize};
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, Method, Uri};
 use axum::middleware::{self, Next};
@@ -26,6 +26,7 @@ pub trait ServedEngine: Send + Sync {
     fn max_running(&self) -> usize;
     fn submit(&self, request: kvb_engine::Request) -> Result<RequestHandle, EngineError>;
     fn warm(&self, text: &str) -> Result<WarmResult, EngineError>;
+    fn warm_tokens(&self, tokens: &[u32]) -> Result<WarmResult, EngineError>;
     fn paged_stats(&self) -> PoolStats;
     fn cache_stats(&self) -> StoreStats;
     fn flush(&self) -> Result<(), EngineError>;
@@ -46,6 +47,9 @@ impl<B: ModelBackend> ServedEngine for Engine<B> {
     }
     fn warm(&self, text: &str) -> Result<WarmResult, EngineError> {
         Engine::warm(self, text)
+    }
+    fn warm_tokens(&self, tokens: &[u32]) -> Result<WarmResult, EngineError> {
+        Engine::warm_tokens(self, tokens)
     }
     fn paged_stats(&self) -> PoolStats {
         Engine::paged_stats(self)
@@ -75,6 +79,10 @@ pub struct Settings {
     pub default_max_tokens: usize,
     /// How requests use the cache.
     pub mode: kvb_engine::GenerationMode,
+    /// Special tokens typed in messages are control tokens (`--trust-message-special-tokens`).
+    pub trust_message_special_tokens: bool,
+    /// Origins browsers may call from (`--allowed-origins`; `*`: any; empty: none).
+    pub allowed_origins: Vec<String>,
 }
 
 /// State every handler reads.
@@ -218,17 +226,52 @@ pub fn router(app: Arc<AppState>) -> Router {
         .routes(routes!(info::models))
         .routes(routes!(info::warm))
         .routes(routes!(info::stats))
+        .routes(routes!(tokenize::tokenize))
+        .routes(routes!(tokenize::detokenize))
         .route_layer(middleware::from_fn_with_state(app.clone(), check_key))
         .routes(routes!(info::health))
         .routes(routes!(info::metrics))
         .routes(routes!(info::openapi))
         .split_for_parts();
     let doc = Arc::new(served_document(&doc, &app.settings.model_name));
-    v1.layer(axum::Extension(doc))
+    let router = v1
+        .layer(axum::Extension(doc))
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::Extension(BodyLimit(limit)))
-        .layer(middleware::from_fn(stamp_arrival))
-        .with_state(app)
+        .layer(middleware::from_fn(stamp_arrival));
+    match cors(&app.settings.allowed_origins) {
+        Some(layer) => router.layer(layer).with_state(app),
+        None => router.with_state(app),
+    }
+}
+
+/// Cross-origin access for browser apps from `origins` (`*`: any), preflights included (they
+/// carry no API key, so this outermost layer answers them before the key is checked); `None`
+/// (no CORS headers at all) without origins.
+fn cors(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
+    use tower_http::cors::{AllowOrigin, CorsLayer};
+    if origins.is_empty() {
+        return None;
+    }
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        AllowOrigin::list(origins.iter().filter_map(|o| o.parse().ok()))
+    };
+    let layer = CorsLayer::new()
+        .allow_origin(allow)
+        .allow_methods([Method::GET, Method::POST])
+        .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
+        .expose_headers(
+            [
+                "x-kvb-ttft-ms",
+                "x-kvb-prompt-tokens",
+                "x-kvb-cached-tokens",
+                "x-kvb-reuse-ratio",
+            ]
+            .map(header::HeaderName::from_static),
+        );
+    Some(layer)
 }

@@ -3,6 +3,7 @@
 
 use super::api::{ChatCompletionRequest, CompletionRequest, WarmRequest};
 use super::error::ApiError;
+use super::fields;
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
@@ -103,6 +104,7 @@ pub fn optional_field<T: DeserializeOwned>(v: &Value, name: &str) -> Result<Opti
 
 impl JsonBody for ChatCompletionRequest {
     fn from_json(v: &Value) -> Result<Self, ApiError> {
+        fields::check(v, fields::CHAT)?;
         Ok(ChatCompletionRequest {
             messages: field(v, "messages")?,
             logprobs: optional_field(v, "logprobs")?.unwrap_or(false),
@@ -114,6 +116,7 @@ impl JsonBody for ChatCompletionRequest {
 
 impl JsonBody for CompletionRequest {
     fn from_json(v: &Value) -> Result<Self, ApiError> {
+        fields::check(v, fields::COMPLETION)?;
         Ok(CompletionRequest {
             prompt: field(v, "prompt")?,
             logprobs: optional_field(v, "logprobs")?,

@@ -5,8 +5,10 @@ use super::api::*;
 use super::app::{AppState, Arrival, Ticket};
 use super::body::ApiJson;
 use super::bridge::forward;
+use super::chat_prompt::chat_prompt_tokens;
 use super::error::ApiError;
 use super::logprobs;
+use super::sampling::sampling_params;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::sse::{Event as SseEvent, Sse};
@@ -14,7 +16,6 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use futures_util::stream::{self, Stream};
 use kvb_engine::{Event, GenerateOptions, GenerationResult, Started, StopReason, TokenLogprobs};
-use kvb_model::generate::SamplingParams;
 use kvb_model::ChatMessage;
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -52,6 +53,8 @@ struct Job {
 enum PromptInput {
     Text(String),
     Tokens(Vec<u32>),
+    /// Rendered with the chat template and tokenized off the async workers.
+    Chat(Vec<ChatMessage>),
 }
 
 #[utoipa::path(
@@ -73,13 +76,6 @@ pub async fn chat_completions(
 ) -> Response {
     let job = (|| {
         let messages = chat_messages(&req.messages)?;
-        let text = app
-            .engine
-            .tokenizer()
-            .apply_chat_template(&messages, true)
-            .map_err(|e| {
-                ApiError::bad_request(format!("the chat template failed: {e}"), Some("messages"))
-            })?;
         let logprobs = match (req.logprobs, req.top_logprobs) {
             (_, Some(n)) if n > MAX_TOP_LOGPROBS => Err(ApiError::bad_request(
                 format!("`top_logprobs` must be at most {MAX_TOP_LOGPROBS}"),
@@ -95,7 +91,7 @@ pub async fn chat_completions(
         job(
             &app,
             Kind::Chat,
-            PromptInput::Text(text),
+            PromptInput::Chat(messages),
             (req.sampling, logprobs),
             arrival,
         )
@@ -213,20 +209,7 @@ fn job(
     if s.n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad_request("only n = 1 is served", Some("n")));
     }
-    let temperature = s.temperature.unwrap_or(1.0);
-    if !(0.0..=2.0).contains(&temperature) {
-        return Err(ApiError::bad_request(
-            "`temperature` must be between 0 and 2",
-            Some("temperature"),
-        ));
-    }
-    let top_p = s.top_p.unwrap_or(1.0);
-    if !(top_p > 0.0 && top_p <= 1.0) {
-        return Err(ApiError::bad_request(
-            "`top_p` must be in (0, 1]",
-            Some("top_p"),
-        ));
-    }
+    let sampling = sampling_params(&s, app.engine.tokenizer().vocab_size())?;
     let (max_tokens, param) = match (s.max_completion_tokens, s.max_tokens) {
         (Some(m), _) => (m as usize, "max_completion_tokens"),
         (None, Some(m)) => (m as usize, "max_tokens"),
@@ -261,12 +244,7 @@ fn job(
         options: GenerateOptions {
             max_new_tokens: max_tokens,
             mode: app.settings.mode,
-            sampling: SamplingParams {
-                temperature,
-                top_k: 0,
-                top_p,
-                seed: s.seed.unwrap_or(0),
-            },
+            sampling,
             stop_strings,
             cacheable_prefix_len: None,
             logprobs,
@@ -321,7 +299,9 @@ async fn submit(
     let prompt = match &job.prompt {
         PromptInput::Text(t) => PromptInput::Text(t.clone()),
         PromptInput::Tokens(t) => PromptInput::Tokens(t.clone()),
+        PromptInput::Chat(m) => PromptInput::Chat(m.clone()),
     };
+    let trusted = app.settings.trust_message_special_tokens;
     let request_options = job.options.clone();
     let arrival = job.arrival;
     // Tokenizing a long prompt takes milliseconds: off the async workers.
@@ -331,6 +311,7 @@ async fn submit(
                 ApiError::bad_request(format!("cannot tokenize the prompt: {e}"), Some("prompt"))
             })?,
             PromptInput::Tokens(t) => t,
+            PromptInput::Chat(m) => chat_prompt_tokens(engine.tokenizer(), &m, true, trusted)?,
         };
         let context = engine.context_len();
         if tokens.len() >= context {

@@ -3,6 +3,7 @@
 use super::api::{ErrorBody, Health, ModelCard, ModelList, WarmRequest, WarmResponse};
 use super::app::AppState;
 use super::body::ApiJson;
+use super::chat_prompt::chat_prompt_tokens;
 use super::completions::chat_messages;
 use super::error::ApiError;
 use axum::extract::State;
@@ -45,20 +46,13 @@ pub async fn warm(
     State(app): State<Arc<AppState>>,
     ApiJson(req): ApiJson<WarmRequest>,
 ) -> Result<Json<WarmResponse>, ApiError> {
-    let text = match (req.text, req.messages) {
-        (Some(t), None) => t,
-        (None, Some(m)) => {
-            let messages = chat_messages(&m)?;
-            app.engine
-                .tokenizer()
-                .apply_chat_template(&messages, false)
-                .map_err(|e| {
-                    ApiError::bad_request(
-                        format!("the chat template failed: {e}"),
-                        Some("messages"),
-                    )
-                })?
-        }
+    enum Warm {
+        Text(String),
+        Chat(Vec<kvb_model::ChatMessage>),
+    }
+    let what = match (req.text, req.messages) {
+        (Some(t), None) => Warm::Text(t),
+        (None, Some(m)) => Warm::Chat(chat_messages(&m)?),
         _ => {
             return Err(ApiError::bad_request(
                 "give `text` or `messages`, one of the two",
@@ -68,9 +62,17 @@ pub async fn warm(
     };
     let _ticket = app.admit()?;
     let engine = app.engine.clone();
+    let trusted = app.settings.trust_message_special_tokens;
     let r = tokio::time::timeout(
         app.settings.request_timeout,
-        tokio::task::spawn_blocking(move || engine.warm(&text)),
+        tokio::task::spawn_blocking(move || match what {
+            Warm::Text(text) => engine.warm(&text).map_err(ApiError::from),
+            // Tokenized as a chat request's messages, so that one holding them hits.
+            Warm::Chat(m) => {
+                let tokens = chat_prompt_tokens(engine.tokenizer(), &m, false, trusted)?;
+                engine.warm_tokens(&tokens).map_err(ApiError::from)
+            }
+        }),
     )
     .await
     .map_err(|_| ApiError::timeout(app.settings.request_timeout.as_secs_f64()))?

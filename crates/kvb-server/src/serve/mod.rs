@@ -4,18 +4,25 @@
 //!
 //! A reader's path: [`app`] (state, admission, router) → [`completions`] (validate, tokenize,
 //! submit, answer whole or as server-sent events) → [`bridge`] (engine events to async, cancel on
-//! drop) → kvb-engine. [`info`] has the other routes, [`error`] OpenAI's error bodies, [`body`]
-//! JSON parsing that names the bad field, [`metrics`] the Prometheus text.
+//! drop) → kvb-engine. On the way in, [`body`] parses JSON naming the bad field, [`fields`] refuses
+//! fields that would change the answer and are not served, [`sampling`] checks the sampler's
+//! settings and [`chat_prompt`] tokenizes messages with control tokens from the template only.
+//! [`info`] and [`tokenize`] have the other routes, [`error`] OpenAI's error bodies, [`metrics`]
+//! the Prometheus text.
 
 mod api;
 mod app;
 mod body;
 mod bridge;
+mod chat_prompt;
 mod completions;
 mod error;
+mod fields;
 mod info;
 mod logprobs;
 mod metrics;
+mod sampling;
+mod tokenize;
 
 use crate::backend::{probe_device, with_backend};
 use crate::commands::engine_args::EngineArgs;
@@ -88,6 +95,15 @@ pub struct ServeArgs {
     /// Seconds running requests get to finish after SIGINT/SIGTERM before they are cancelled.
     #[arg(long, default_value_t = 30.0)]
     shutdown_grace: f64,
+    /// Read special tokens typed in chat messages (`<|im_start|>`) as control tokens, as the
+    /// chat template's own are. Only for callers trusted to write whole turns: by default they
+    /// are text, so a user cannot forge a system turn.
+    #[arg(long)]
+    trust_message_special_tokens: bool,
+    /// Origins a browser may call this server from (CORS), comma-separated or repeated; `*`
+    /// allows any. None by default.
+    #[arg(long, value_delimiter = ',')]
+    allowed_origins: Vec<String>,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -101,6 +117,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     ] {
         if !(v.is_finite() && v > 0.0) {
             anyhow::bail!("{name} must be a positive number of seconds");
+        }
+    }
+    for origin in args.allowed_origins.iter().filter(|o| *o != "*") {
+        if origin.parse::<axum::http::HeaderValue>().is_err() || !origin.contains("://") {
+            anyhow::bail!("--allowed-origins: `{origin}` is not an origin (scheme://host[:port])");
         }
     }
     let path = model_arg::resolve(args.model.model.as_deref())?;
@@ -149,6 +170,8 @@ fn run_on<B: ModelBackend>(
         max_body_bytes: args.max_body_bytes,
         default_max_tokens: args.default_max_tokens.unwrap_or(engine.context_len()),
         mode: args.engine.mode,
+        trust_message_special_tokens: args.trust_message_special_tokens,
+        allowed_origins: args.allowed_origins.clone(),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -30,6 +30,20 @@ pub fn tiny_model() -> (tempfile::TempDir, PathBuf) {
     (dir, dst)
 }
 
+/// `kvb serve` on the tiny model (served as `tiny`), with `extra` arguments.
+pub fn tiny_server(extra: &[&str]) -> (tempfile::TempDir, Server) {
+    let (dir, model) = tiny_model();
+    let mut args = vec![
+        "--model",
+        model.to_str().unwrap(),
+        "--served-model-name",
+        "tiny",
+    ];
+    args.extend_from_slice(extra);
+    let s = Server::start(&args);
+    (dir, s)
+}
+
 /// `n` made-up words from a seed (`w0`..`w96`), a deterministic text for the tiny model.
 pub fn words(seed: usize, n: usize) -> String {
     (0..n)

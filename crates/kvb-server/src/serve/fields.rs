@@ -1,0 +1,130 @@
+//! Which request fields kvb serves, which it accepts because they cannot change the answer, and
+//! the 400 for any other: a field that would change the answer is never dropped in silence.
+
+use super::error::ApiError;
+use serde_json::Value;
+
+/// Fields both endpoints serve.
+const SAMPLING: &[&str] = &[
+    "model",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "n",
+];
+
+/// Fields of `/v1/chat/completions` besides [`SAMPLING`].
+pub const CHAT: &[&str] = &["messages", "logprobs", "top_logprobs"];
+
+/// Fields of `/v1/completions` besides [`SAMPLING`].
+pub const COMPLETION: &[&str] = &["prompt", "logprobs"];
+
+/// Accepted and without effect on the answer: who asks, labels, and OpenAI's own storage and
+/// routing settings.
+const NO_EFFECT: &[&str] = &[
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+];
+
+/// Fields not served yet that are accepted at the value that leaves the answer as it is.
+fn neutral(field: &str, value: &Value, body: &Value) -> bool {
+    let no_tools = body
+        .get("tools")
+        .is_none_or(|t| t.as_array().is_some_and(Vec::is_empty));
+    match field {
+        "response_format" => value.get("type").and_then(Value::as_str) == Some("text"),
+        "tools" | "functions" => value.as_array().is_some_and(Vec::is_empty),
+        "tool_choice" | "function_call" => {
+            no_tools && matches!(value.as_str(), Some("none" | "auto"))
+        }
+        "parallel_tool_calls" => no_tools,
+        "echo" => value == &Value::Bool(false),
+        "suffix" => value.as_str().is_some_and(str::is_empty),
+        "best_of" => value.as_u64() == Some(1),
+        _ => false,
+    }
+}
+
+/// Checks every field of `body` against the route's `served` fields: a null is as good as
+/// absent; a field kvb does not serve is a 400 naming it unless it cannot change the answer.
+pub fn check(body: &Value, served: &[&str]) -> Result<(), ApiError> {
+    let Some(fields) = body.as_object() else {
+        return Ok(());
+    };
+    for (name, value) in fields {
+        let known = served.contains(&name.as_str()) || SAMPLING.contains(&name.as_str());
+        if known
+            || value.is_null()
+            || NO_EFFECT.contains(&name.as_str())
+            || neutral(name, value, body)
+        {
+            continue;
+        }
+        return Err(ApiError::bad_request(
+            format!(
+                "`{name}` is not served by kvb and would change the answer; leave it out \
+                 (the README lists the fields served)"
+            ),
+            Some(name),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn refused(body: Value) -> Option<String> {
+        check(&body, CHAT).err().and_then(|e| e.param)
+    }
+
+    #[test]
+    fn unserved_fields_are_named_and_harmless_ones_pass() {
+        let ok = json!({"model": "m", "messages": [], "user": "u", "metadata": {"a": "b"},
+            "store": false, "temperature": 0, "logit_bias": {"5": 1}, "tools": [],
+            "tool_choice": "auto", "response_format": {"type": "text"}, "suffix": null});
+        assert_eq!(refused(ok), None);
+        for (field, value) in [
+            ("response_format", json!({"type": "json_object"})),
+            (
+                "tools",
+                json!([{"type": "function", "function": {"name": "f"}}]),
+            ),
+            ("reasoning_effort", json!("high")),
+            ("chat_template_kwargs", json!({})),
+            ("echo", json!(true)),
+        ] {
+            let mut body = json!({"model": "m", "messages": []});
+            body[field] = value;
+            assert_eq!(refused(body), Some(field.to_string()), "{field}");
+        }
+        // A tool choice means something once tools are given.
+        let forced = json!({"model": "m", "messages": [], "tools": [{"type": "function"}],
+            "tool_choice": "none"});
+        assert!(!neutral("tool_choice", &forced["tool_choice"], &forced));
+        assert!(refused(forced).is_some());
+        // Chat fields are not completion fields.
+        let body = json!({"model": "m", "prompt": "x", "top_logprobs": 2});
+        assert_eq!(
+            check(&body, COMPLETION).err().and_then(|e| e.param),
+            Some("top_logprobs".to_string())
+        );
+    }
+}
