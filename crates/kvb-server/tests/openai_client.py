@@ -111,17 +111,22 @@ except openai.NotFoundError as e:
 # The SDK's sampling fields are served: a logit bias of 100 forces one token over and over,
 # `user` is accepted, and a field kvb does not serve (structured output) is refused by name,
 # never dropped in silence.
-tokenize = urllib.request.Request(
-    base_url + "/tokenize",
-    data=json.dumps({"model": model, "prompt": " blue"}).encode(),
-    headers={"Content-Type": "application/json"},
-)
-forced_id = json.load(urllib.request.urlopen(tokenize))["tokens"][-1]
+def kvb_post(route, body):
+    request = urllib.request.Request(
+        base_url + route,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    return json.load(urllib.request.urlopen(request))
+
+
+forced_id = kvb_post("/tokenize", {"model": model, "prompt": " blue"})["tokens"][-1]
+forced_text = kvb_post("/detokenize", {"tokens": [forced_id]})["prompt"]
 biased = client.completions.create(
     model=model, prompt=prompt, max_tokens=4, temperature=0, logit_bias={str(forced_id): 100},
     frequency_penalty=0, presence_penalty=0, user="app-user-1",
 )
-assert biased.choices[0].text == " blue" * 4, biased.choices[0].text
+assert biased.choices[0].text == forced_text * 4, (biased.choices[0].text, forced_text)
 try:
     client.chat.completions.create(
         model=model, messages=messages, response_format={"type": "json_object"}
