@@ -8,6 +8,7 @@
 
 use crate::error::{ModelError, Result};
 use crate::tokenizer::{ChatMessage, Tokenizer};
+use std::collections::HashSet;
 use std::ops::Range;
 
 /// Marks message `i`'s content in a probe rendering (private-use characters: no template
@@ -25,36 +26,31 @@ impl Tokenizer {
         add_generation_prompt: bool,
     ) -> Result<Vec<u32>> {
         let text = self.apply_chat_template(messages, add_generation_prompt)?;
-        let specials = self.special_token_texts();
+        let specials = self.special_tokens();
         // Most messages hold none of the characters special tokens start with (`<`, `[`):
         // then no search for each of a few hundred special tokens (Llama 3 has 256).
-        let firsts: std::collections::HashSet<char> =
-            specials.iter().filter_map(|s| s.chars().next()).collect();
         let forged = |m: &ChatMessage| {
-            m.content.chars().any(|c| firsts.contains(&c))
-                && specials.iter().any(|s| m.content.contains(s.as_str()))
+            m.content.chars().any(|c| specials.firsts.contains(&c))
+                && specials
+                    .texts
+                    .iter()
+                    .any(|s| m.content.contains(s.as_str()))
         };
         if !messages.iter().any(forged) {
             return self.encode(&text, false);
         }
-        let (text, spans) = match self.content_spans(messages, add_generation_prompt, &text)? {
-            Some(spans) => (text, spans),
-            None => self.render_with_raw_contents(messages, add_generation_prompt)?,
+        let Some((pieces, order)) = self.probe(messages, add_generation_prompt)? else {
+            return Err(ModelError::ChatTemplate(
+                "the template does not write each message once, so special tokens in messages \
+                 cannot be told from its own"
+                    .into(),
+            ));
         };
-        self.encode_with_text_spans(&text, &spans)
-    }
-
-    /// The texts of the tokenizer's special added tokens.
-    fn special_token_texts(&self) -> Vec<String> {
-        let mut texts: Vec<String> = self
-            .inner()
-            .get_added_tokens_decoder()
-            .into_values()
-            .filter(|t| t.special && !t.content.is_empty())
-            .map(|t| t.content)
-            .collect();
-        texts.sort();
-        texts
+        let (text, spans) = match content_spans(messages, &pieces, &order, &text) {
+            Some(spans) => (text, spans),
+            None => with_raw_contents(messages, &pieces, &order),
+        };
+        self.encode_with_text_spans(&text, &spans, &specials.ids)
     }
 
     /// Renders with each non-empty content replaced by its marker: the template's own text, in
@@ -85,7 +81,7 @@ impl Tokenizer {
             rest = rest[at + marker(i).len()..].to_string();
         }
         pieces.push(rest);
-        let distinct: std::collections::BTreeSet<usize> = order.iter().copied().collect();
+        let distinct: HashSet<usize> = order.iter().copied().collect();
         let non_empty = messages.iter().filter(|m| !m.content.is_empty()).count();
         if distinct.len() != order.len() || order.len() != non_empty {
             return Ok(None);
@@ -93,72 +89,19 @@ impl Tokenizer {
         Ok(Some((pieces, order)))
     }
 
-    /// Where each message content lies in `text` (the real rendering), allowing a template that
-    /// trims it; `None` when the rendering cannot be read that way.
-    fn content_spans(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-        text: &str,
-    ) -> Result<Option<Vec<Range<usize>>>> {
-        let Some((pieces, order)) = self.probe(messages, add_generation_prompt)? else {
-            return Ok(None);
-        };
-        let Some(mut pos) = text.starts_with(&pieces[0]).then_some(pieces[0].len()) else {
-            return Ok(None);
-        };
-        let mut spans = Vec::new();
-        for (&i, next) in order.iter().zip(&pieces[1..]) {
-            let c = messages[i].content.as_str();
-            let found = [c, c.trim(), c.trim_start(), c.trim_end()]
-                .into_iter()
-                .find(|v| text[pos..].starts_with(v) && text[pos + v.len()..].starts_with(next));
-            let Some(v) = found else { return Ok(None) };
-            spans.push(pos..pos + v.len());
-            pos += v.len() + next.len();
-        }
-        Ok((pos == text.len()).then_some(spans))
-    }
-
-    /// The template's text with the raw contents where it put each marker: for a template that
-    /// changes contents in a way [`Tokenizer::content_spans`] cannot follow.
-    fn render_with_raw_contents(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-    ) -> Result<(String, Vec<Range<usize>>)> {
-        let Some((pieces, order)) = self.probe(messages, add_generation_prompt)? else {
-            return Err(ModelError::ChatTemplate(
-                "the template does not write each message once, so special tokens in messages \
-                 cannot be told from its own"
-                    .into(),
-            ));
-        };
-        let mut text = pieces[0].clone();
-        let mut spans = Vec::new();
-        for (&i, next) in order.iter().zip(&pieces[1..]) {
-            spans.push(text.len()..text.len() + messages[i].content.len());
-            text.push_str(&messages[i].content);
-            text.push_str(next);
-        }
-        Ok((text, spans))
-    }
-
     /// Token ids of `text`, whose special tokens are control tokens outside `spans` and text
     /// inside them: a stretch between two control tokens that holds a special token inside a
     /// span is tokenized again with special tokens read as text.
-    fn encode_with_text_spans(&self, text: &str, spans: &[Range<usize>]) -> Result<Vec<u32>> {
+    fn encode_with_text_spans(
+        &self,
+        text: &str,
+        spans: &[Range<usize>],
+        special: &HashSet<u32>,
+    ) -> Result<Vec<u32>> {
         let enc = self
             .inner()
             .encode(text, false)
             .map_err(|e| ModelError::Tokenizer(format!("encode: {e}")))?;
-        let special: std::collections::HashSet<u32> = self
-            .inner()
-            .get_added_tokens_decoder()
-            .into_iter()
-            .filter(|(_, t)| t.special)
-            .map(|(id, _)| id)
-            .collect();
         let in_span = |(s, e): (usize, usize)| spans.iter().any(|r| s < r.end && e > r.start);
         let (mut out, mut stretch) = (Vec::new(), Vec::new());
         let (mut from, mut forged) = (0, false);
@@ -198,6 +141,45 @@ impl Tokenizer {
         }
         Ok(())
     }
+}
+
+/// Where each message content lies in `text` (the real rendering), given the template's own
+/// `pieces` and the `order` the contents come in between them, allowing a template that trims
+/// them; `None` when the rendering cannot be read that way.
+fn content_spans(
+    messages: &[ChatMessage],
+    pieces: &[String],
+    order: &[usize],
+    text: &str,
+) -> Option<Vec<Range<usize>>> {
+    let mut pos = text.starts_with(&pieces[0]).then_some(pieces[0].len())?;
+    let mut spans = Vec::new();
+    for (&i, next) in order.iter().zip(&pieces[1..]) {
+        let c = messages[i].content.as_str();
+        let v = [c, c.trim(), c.trim_start(), c.trim_end()]
+            .into_iter()
+            .find(|v| text[pos..].starts_with(v) && text[pos + v.len()..].starts_with(next))?;
+        spans.push(pos..pos + v.len());
+        pos += v.len() + next.len();
+    }
+    (pos == text.len()).then_some(spans)
+}
+
+/// The template's text with the raw contents where it put each marker: for a template that
+/// changes contents in a way [`content_spans`] cannot follow.
+fn with_raw_contents(
+    messages: &[ChatMessage],
+    pieces: &[String],
+    order: &[usize],
+) -> (String, Vec<Range<usize>>) {
+    let mut text = pieces[0].clone();
+    let mut spans = Vec::new();
+    for (&i, next) in order.iter().zip(&pieces[1..]) {
+        spans.push(text.len()..text.len() + messages[i].content.len());
+        text.push_str(&messages[i].content);
+        text.push_str(next);
+    }
+    (text, spans)
 }
 
 #[cfg(test)]

@@ -23,12 +23,25 @@ impl ChatMessage {
     }
 }
 
+/// What [`Tokenizer::encode_chat`] needs to know of the special tokens, gathered once.
+#[derive(Debug, Clone)]
+pub(crate) struct SpecialTokens {
+    /// Their texts.
+    pub texts: Vec<String>,
+    /// The characters they start with.
+    pub firsts: std::collections::HashSet<char>,
+    /// Their ids.
+    pub ids: std::collections::HashSet<u32>,
+}
+
 /// A model's tokenizer with its special tokens and chat template.
 #[derive(Clone)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     /// `inner` reading special tokens' texts as text, made when first needed.
     text_only: std::sync::OnceLock<tokenizers::Tokenizer>,
+    /// The special added tokens, gathered when first needed.
+    specials: std::sync::OnceLock<SpecialTokens>,
     chat_template: Option<String>,
     bos_token: Option<String>,
     eos_token: Option<String>,
@@ -72,6 +85,7 @@ impl Tokenizer {
         Ok(Tokenizer {
             inner,
             text_only: std::sync::OnceLock::new(),
+            specials: std::sync::OnceLock::new(),
             chat_template: None,
             bos_token: None,
             eos_token: None,
@@ -160,6 +174,27 @@ impl Tokenizer {
     /// The underlying `tokenizers` tokenizer.
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
+    }
+
+    /// The special added tokens (control tokens such as `<|im_start|>`).
+    pub(crate) fn special_tokens(&self) -> &SpecialTokens {
+        self.specials.get_or_init(|| {
+            let special: Vec<(u32, String)> = self
+                .inner
+                .get_added_tokens_decoder()
+                .into_iter()
+                .filter(|(_, t)| t.special && !t.content.is_empty())
+                .map(|(id, t)| (id, t.content))
+                .collect();
+            SpecialTokens {
+                firsts: special
+                    .iter()
+                    .filter_map(|(_, t)| t.chars().next())
+                    .collect(),
+                ids: special.iter().map(|(id, _)| *id).collect(),
+                texts: special.into_iter().map(|(_, t)| t).collect(),
+            }
+        })
     }
 
     /// The tokenizer with special tokens' texts read as text (a message's `<|im_start|>` is

@@ -124,8 +124,9 @@ impl Sampler {
             }
         }
         if p.repetition_penalty != 1.0 {
-            let seen = self.prompt.iter().chain(self.generated.keys());
-            for &t in seen.collect::<HashSet<_>>() {
+            // Each token once: the prompt's, then generated ones the prompt does not hold.
+            let generated = self.generated.keys().filter(|t| !self.prompt.contains(t));
+            for &t in self.prompt.iter().chain(generated) {
                 if let Some(l) = out.get_mut(t as usize) {
                     *l = if *l > 0.0 {
                         *l / p.repetition_penalty
