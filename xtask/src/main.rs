@@ -32,7 +32,9 @@ commands:
                 plots in bench/results/<date>-server/. Options: --quick, --clients 1,16,64,
                 --turns N, --max-tokens N, --time-limit S, --model PATH, --out DIR,
                 --activations q8, --serve-args FLAGS (more kvb serve flags in one quoted
-                argument, e.g. --prefill-tokens-while-decoding 128)
+                argument, e.g. --prefill-tokens-while-decoding 128), --json-schema (each
+                client count again with every answer constrained to a JSON schema: the cost
+                of structured output)
   bench soak    `kvb serve` under steady mixed load (chat turns, completions, warms, dropped
                 streams, malformed bodies) for a bounded time: no request may fail, resident
                 memory may grow < 5% after warm-up, the pool must return to its resident cache.
@@ -121,13 +123,14 @@ fn run(cmd: &mut Command) -> Result<()> {
 }
 
 /// The crates below the burn line (issue 41): usable by a runtime that has its own tensors.
-const BURN_FREE: [(&str, &[&str]); 8] = [
+const BURN_FREE: [(&str, &[&str]); 9] = [
     ("kvb-hash", &[]),
     ("kvb-chunk", &[]),
     ("kvb-quant", &[]),
     ("kvb-blocks", &[]),
     ("kvb-modelfile", &[]),
     ("kvb-gemm", &[]),
+    ("kvb-constrain", &[]),
     ("kvb-store", &[]),
     ("kvb-store", &["--no-default-features"]),
 ];

@@ -353,6 +353,9 @@ pub struct GenerateOptions {
     /// its position (OpenAI's `logprobs` / `top_logprobs`), on every token event and in
     /// [`crate::GenerationResult::logprobs`]. `None`: nothing.
     pub logprobs: Option<usize>,
+    /// Structured output: only text this grammar (a JSON schema, a regex, a Lark grammar)
+    /// allows is generated, and generation ends once it is complete.
+    pub grammar: Option<kvb_constrain::Grammar>,
 }
 
 impl Default for GenerateOptions {
@@ -366,6 +369,7 @@ impl Default for GenerateOptions {
             forced_tokens: Vec::new(),
             keep_logits: false,
             logprobs: None,
+            grammar: None,
         }
     }
 }

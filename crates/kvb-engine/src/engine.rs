@@ -3,6 +3,7 @@
 
 use crate::config::{EngineConfig, GenerateOptions, GenerationMode, KvPrecision};
 use crate::fingerprint::model_fingerprint;
+use crate::grammar::Grammars;
 use crate::remote_prefetch::prefetch_remote;
 use crate::request::{Request, RequestHandle, RequestState, Sink};
 use crate::result::{GenerationResult, PoolStats, WarmResult};
@@ -40,6 +41,8 @@ pub(crate) struct Shared<B: ModelBackend> {
     pub fingerprint: Vec<u8>,
     /// Written by the scheduler after each step.
     pub stats: Mutex<PoolStats>,
+    /// Grammars compile against this.
+    pub grammars: Grammars,
 }
 
 /// A model with a K/V pool and a chunk store: the kvb engine.
@@ -170,6 +173,7 @@ impl<B: ModelBackend> Engine<B> {
             eos,
             fingerprint: fingerprint.to_vec(),
             stats: Mutex::new(PoolStats::default()),
+            grammars: Grammars::default(),
         });
         let (commands, inbox) = unbounded();
         let scheduler = Scheduler::new(shared.clone(), pool, max_blocks);
@@ -354,6 +358,16 @@ impl<B: ModelBackend> Engine<B> {
             });
         }
         let shared = &self.shared;
+        // Compiled before the remote round trip: a schema that cannot be followed fails fast.
+        let constraint = match &request.options.grammar {
+            Some(grammar) => Some(shared.grammars.constraint(
+                grammar,
+                &shared.tokenizer,
+                &shared.eos,
+                vocab,
+            )?),
+            None => None,
+        };
         prefetch_remote(
             &shared.store,
             &shared.namespace,
@@ -370,9 +384,12 @@ impl<B: ModelBackend> Engine<B> {
             stop_strings: request.options.stop_strings.clone(),
             stop_at_eos: true,
         };
-        let run = Continuation::new(params, self.shared.eos.clone())
+        let mut run = Continuation::new(params, self.shared.eos.clone())
             .with_prompt(&request.tokens)
             .forcing(request.options.forced_tokens.clone());
+        if let Some(constraint) = constraint {
+            run = run.constrained(constraint);
+        }
         let sink = Sink {
             events: events_tx,
             state: state.clone(),

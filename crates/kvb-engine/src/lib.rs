@@ -50,6 +50,7 @@ mod config;
 mod engine;
 mod fidelity;
 mod fingerprint;
+mod grammar;
 mod kv_transfer;
 pub mod plan;
 mod remote_prefetch;
@@ -69,6 +70,7 @@ pub use fidelity::{
     NoiseFloor, PromptFidelity, Reference, VerifyOptions,
 };
 pub use fingerprint::model_fingerprint;
+pub use kvb_constrain::Grammar;
 pub use kvb_model::generate::{StopReason, TokenLogprobs};
 pub use kvb_repair::RecomputeStrategy;
 pub use kvb_store::{EvictionPolicy, RemoteConfig, RemoteStats, StoreStats};
@@ -87,6 +89,10 @@ pub enum EngineError {
     /// Invalid settings.
     #[error("engine config: {0}")]
     Config(String),
+    /// The request's grammar or JSON schema cannot be followed (malformed, unsupported,
+    /// unsatisfiable), or this model's tokenizer cannot be constrained.
+    #[error("grammar: {0}")]
+    Grammar(String),
     /// The prompt has no token.
     #[error("the prompt is empty")]
     EmptyPrompt,

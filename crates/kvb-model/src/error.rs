@@ -24,6 +24,9 @@ pub enum ModelError {
     /// Fetching or converting the default model failed.
     #[error("fetch: {0}")]
     Fetch(String),
+    /// A token constraint (a grammar) failed or refused a token.
+    #[error("constraint: {0}")]
+    Constraint(String),
 }
 
 impl ModelError {

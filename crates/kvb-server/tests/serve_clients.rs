@@ -1,6 +1,7 @@
-//! `kvb serve` driven by the clients its users have: the real `openai` Python package (installed
-//! with pip into a virtual environment under the build folder when the machine's Python lacks
-//! it), and the README's own curl and Python examples, run as written against the default model.
+//! `kvb serve` driven by the clients its users have: the real `openai` Python package and
+//! LangChain (installed with pip into a virtual environment under the build folder when the
+//! machine's Python lacks them), and the README's own curl and Python examples, run as written
+//! against the default model.
 
 mod common;
 
@@ -9,14 +10,19 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-/// A Python interpreter that can `import openai`: the machine's, or a virtual environment made
-/// once for these tests with pip from PyPI.
+/// What the client scripts import, and the PyPI packages that give them.
+const IMPORTS: &str = "import openai, pydantic, jsonschema, langchain_openai";
+const PACKAGES: [&str; 3] = ["openai", "jsonschema", "langchain-openai"];
+
+/// A Python interpreter with the clients' packages (the `openai` SDK, `jsonschema`, LangChain's
+/// `langchain-openai`): the machine's, or a virtual environment made once for these tests with
+/// pip from PyPI.
 fn python_with_openai() -> &'static Path {
     static PYTHON: OnceLock<PathBuf> = OnceLock::new();
     PYTHON.get_or_init(|| {
         let imports = |python: &Path| {
             Command::new(python)
-                .args(["-c", "import openai"])
+                .args(["-c", IMPORTS])
                 .status()
                 .is_ok_and(|s| s.success())
         };
@@ -34,12 +40,13 @@ fn python_with_openai() -> &'static Path {
                 .expect("running python3 -m venv");
             assert!(made.success(), "python3 -m venv {} failed", venv.display());
             let installed = Command::new(&python)
-                .args(["-m", "pip", "install", "--quiet", "openai"])
+                .args(["-m", "pip", "install", "--quiet"])
+                .args(PACKAGES)
                 .status()
                 .expect("running pip");
-            assert!(installed.success(), "pip install openai failed");
+            assert!(installed.success(), "pip install {PACKAGES:?} failed");
         }
-        assert!(imports(&python), "openai does not import after pip install");
+        assert!(imports(&python), "`{IMPORTS}` fails after pip install");
         python
     })
 }
@@ -59,6 +66,12 @@ fn output_of(cmd: &mut Command) -> String {
 
 #[test]
 fn the_openai_python_package_chats_completes_streams_and_sees_cached_tokens() {
+    let said = run_client("openai_client.py");
+    assert!(said.contains("openai client: ok"), "{said}");
+}
+
+/// Runs a client script against `kvb serve` on the tiny model; returns what it printed.
+fn run_client(script: &str) -> String {
     let (_dir, model) = tiny_model();
     let s = Server::start(&[
         "--model",
@@ -66,13 +79,26 @@ fn the_openai_python_package_chats_completes_streams_and_sees_cached_tokens() {
         "--served-model-name",
         "tiny",
     ]);
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
-    let said = output_of(
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(script);
+    output_of(
         Command::new(python_with_openai())
             .arg(&script)
             .args([&s.base, "tiny"]),
-    );
-    assert!(said.contains("openai client: ok"), "{said}");
+    )
+}
+
+#[test]
+fn structured_outputs_validate_against_100_random_schemas_through_the_openai_package() {
+    let said = run_client("structured_client.py");
+    assert!(said.contains("structured client: ok"), "{said}");
+}
+
+#[test]
+fn langchain_with_structured_output_gets_instances_of_its_model() {
+    let said = run_client("langchain_client.py");
+    assert!(said.contains("langchain client: ok"), "{said}");
 }
 
 /// The fenced block of `lang` that follows the README's first line containing `marker`.

@@ -109,7 +109,7 @@ fn unserved_fields_are_refused_by_name_and_harmless_ones_accepted() {
     };
     for (extra, param) in [
         (
-            json!({"response_format": {"type": "json_object"}}),
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
             "response_format",
         ),
         (

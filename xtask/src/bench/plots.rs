@@ -129,12 +129,22 @@ fn concurrency(path: &Path, r: &Report) -> Result<()> {
 
 /// `kvb serve` under load: TTFT percentiles, and tokens per second, against the client count.
 pub fn server(dir: &Path, results: &[super::server::ServerResult]) -> Result<()> {
-    let points = |f: fn(&super::server::ServerResult) -> f64| {
+    let of = |constrained: bool, f: fn(&super::server::ServerResult) -> f64| {
         results
             .iter()
+            .filter(|x| x.constrained == constrained)
             .map(|x| (x.clients as f64, f(x)))
             .collect::<Vec<_>>()
     };
+    let points = |f| of(false, f);
+    let mut rates = vec![
+        ("output (whole run)", points(|x| x.output_tokens_per_sec)),
+        ("decode (all clients)", points(|x| x.decode_tokens_per_sec)),
+    ];
+    let json = of(true, |x| x.decode_tokens_per_sec);
+    if !json.is_empty() {
+        rates.push(("decode, JSON schema (all clients)", json));
+    }
     by_clients(
         &dir.join("ttft.svg"),
         ("kvb serve: time to first token", "ms"),
@@ -147,10 +157,7 @@ pub fn server(dir: &Path, results: &[super::server::ServerResult]) -> Result<()>
     by_clients(
         &dir.join("throughput.svg"),
         ("kvb serve: tokens per second", "tokens/s"),
-        &[
-            ("output (whole run)", points(|x| x.output_tokens_per_sec)),
-            ("decode (all clients)", points(|x| x.decode_tokens_per_sec)),
-        ],
+        &rates,
     )
 }
 

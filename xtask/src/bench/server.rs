@@ -34,6 +34,9 @@ struct Options {
     /// More `kvb serve` flags, as one whitespace-separated string (`--serve-args "--flag value"`),
     /// to measure a setting against the default.
     serve_args: Vec<String>,
+    /// Each client count also runs with every answer constrained to [`answer_schema`], on a
+    /// fresh server of its own, to measure what constrained decoding costs.
+    json_schema: bool,
 }
 
 fn parse(args: &[String]) -> Result<Options> {
@@ -47,6 +50,7 @@ fn parse(args: &[String]) -> Result<Options> {
         text: 1.0,
         activations: None,
         serve_args: Vec::new(),
+        json_schema: false,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -73,6 +77,7 @@ fn parse(args: &[String]) -> Result<Options> {
             "--model" => o.model = Some(value()?.into()),
             "--out" => o.out = Some(value()?.into()),
             "--activations" => o.activations = Some(value()?.clone()),
+            "--json-schema" => o.json_schema = true,
             "--serve-args" => {
                 o.serve_args = value()?.split_whitespace().map(String::from).collect()
             }
@@ -186,6 +191,9 @@ pub struct RequestTiming {
 #[derive(Serialize, Deserialize, Clone, Debug)]
 pub struct ServerResult {
     pub clients: usize,
+    /// Every answer constrained to a JSON schema (`--json-schema`).
+    #[serde(default)]
+    pub constrained: bool,
     pub requests: usize,
     pub errors: usize,
     /// The first errors, as the clients saw them.
@@ -219,14 +227,34 @@ fn questions(corpus: &Path) -> Result<Vec<String>> {
         .collect())
 }
 
-/// One streamed chat turn: its timing and the answer's text.
+/// The schema of a constrained run's answers: an object whose free-text answer runs to the
+/// token limit, so a turn decodes as many tokens as a free one.
+fn answer_schema() -> Value {
+    json!({
+        "type": "json_schema",
+        "json_schema": {"name": "answer", "strict": true, "schema": {
+            "type": "object",
+            "properties": {
+                "answer": {"type": "string"},
+                "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+                "sources": {"type": "array", "items": {"type": "string"}},
+            },
+            "required": ["answer", "confidence", "sources"],
+            "additionalProperties": false,
+        }},
+    })
+}
+
+/// One streamed chat turn: its timing and the answer's text. `format` is the request's
+/// `response_format`, if any.
 pub(super) fn turn(
     http: &reqwest::blocking::Client,
     url: &str,
     messages: &[Value],
     max_tokens: usize,
+    format: Option<&Value>,
 ) -> Result<(f64, Vec<f64>, String, Value)> {
-    let body = json!({
+    let mut body = json!({
         "model": "bench",
         "messages": messages,
         "max_tokens": max_tokens,
@@ -234,6 +262,9 @@ pub(super) fn turn(
         "stream": true,
         "stream_options": {"include_usage": true},
     });
+    if let Some(f) = format {
+        body["response_format"] = f.clone();
+    }
     let sent = Instant::now();
     let resp = http.post(url).json(&body).send().context("sending")?;
     let status = resp.status();
@@ -281,15 +312,26 @@ struct Collected {
     errors: Mutex<Vec<String>>,
 }
 
+/// What every client of a run says: the system prompt, the questions, the answers' format.
+struct Script<'a> {
+    system: &'a str,
+    questions: &'a [String],
+    format: Option<&'a Value>,
+}
+
 fn client(
     c: usize,
     base: &str,
-    system: &str,
-    questions: &[String],
+    script: &Script<'_>,
     o: &Options,
     deadline: Instant,
     out: &Collected,
 ) {
+    let Script {
+        system,
+        questions,
+        format,
+    } = *script;
     let http = match reqwest::blocking::Client::builder()
         // Far beyond any turn's time: a request this late means the server hangs.
         .timeout(Duration::from_secs(300))
@@ -318,7 +360,7 @@ fn client(
             q
         };
         messages.push(json!({"role": "user", "content": q}));
-        match turn(&http, &url, &messages, o.max_tokens) {
+        match turn(&http, &url, &messages, o.max_tokens, format) {
             Ok((ttft_ms, token_ms, text, usage)) => {
                 let decode = match (token_ms.first(), token_ms.last()) {
                     (Some(a), Some(b)) if token_ms.len() > 1 && b > a => {
@@ -351,8 +393,18 @@ fn client(
     }
 }
 
-fn measure(kvb: &Path, o: &Options, clients: usize, raw: &Path) -> Result<ServerResult> {
-    let log = raw.join(format!("serve-{clients}.log"));
+fn measure(
+    kvb: &Path,
+    o: &Options,
+    clients: usize,
+    constrained: bool,
+    raw: &Path,
+) -> Result<ServerResult> {
+    let log = raw.join(format!(
+        "serve-{clients}{}.log",
+        if constrained { "-json" } else { "" }
+    ));
+    let format = constrained.then(answer_schema);
     let mut extra: Vec<&str> = match &o.activations {
         Some(a) => vec!["--activations", a],
         None => Vec::new(),
@@ -377,8 +429,13 @@ fn measure(kvb: &Path, o: &Options, clients: usize, raw: &Path) -> Result<Server
     let deadline = start + o.time_limit;
     std::thread::scope(|s| {
         for c in 0..clients {
-            let (base, system, questions, out) = (&server.base, &system, &questions, &out);
-            s.spawn(move || client(c, base, system, questions, o, deadline, out));
+            let script = Script {
+                system: &system,
+                questions: &questions,
+                format: format.as_ref(),
+            };
+            let (base, out) = (&server.base, &out);
+            s.spawn(move || client(c, base, &script, o, deadline, out));
         }
     });
     let wall = start.elapsed().as_secs_f64();
@@ -400,6 +457,7 @@ fn measure(kvb: &Path, o: &Options, clients: usize, raw: &Path) -> Result<Server
     let generated: usize = timings.iter().map(|t| t.tokens).sum();
     Ok(ServerResult {
         clients,
+        constrained,
         requests: timings.len() + errors.len(),
         errors: errors.len(),
         error_samples: errors.into_iter().take(5).collect(),
@@ -420,14 +478,15 @@ fn markdown(results: &[ServerResult]) -> String {
     let base_decode = first.map_or(1.0, |r| r.decode_tokens_per_sec.max(1e-9));
     let base_output = first.map_or(1.0, |r| r.output_tokens_per_sec.max(1e-9));
     let mut s = String::from(
-        "| clients | requests | errors | wall | output tokens/s | vs 1st | decode tokens/s | vs 1st | TTFT p50 | TTFT p99 | warm TTFT p50 | warm TTFT p99 | prompt tokens cached |\n\
-         |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| clients | answers | requests | errors | wall | output tokens/s | vs 1st | decode tokens/s | vs 1st | TTFT p50 | TTFT p99 | warm TTFT p50 | warm TTFT p99 | prompt tokens cached |\n\
+         |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in results {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {:.1} s | {:.1} | {:.1}x | {:.1} | {:.1}x | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {:.0}% |",
+            "| {} | {} | {} | {} | {:.1} s | {:.1} | {:.1}x | {:.1} | {:.1}x | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {:.0}% |",
             r.clients,
+            if r.constrained { "JSON schema" } else { "free" },
             r.requests,
             r.errors,
             r.wall_ms / 1e3,
@@ -447,8 +506,25 @@ fn markdown(results: &[ServerResult]) -> String {
 
 /// The issue's targets: (what, goal, measured, met).
 fn targets(results: &[ServerResult]) -> Vec<(String, String, String, bool)> {
-    let at = |n: usize| results.iter().find(|r| r.clients == n);
+    let at = |n: usize| results.iter().find(|r| r.clients == n && !r.constrained);
     let mut out = Vec::new();
+    for json in results.iter().filter(|r| r.constrained) {
+        if let Some(free) = at(json.clients) {
+            let ratio = json.decode_tokens_per_sec / free.decode_tokens_per_sec.max(1e-9);
+            out.push((
+                format!(
+                    "decode tokens/s with a JSON schema vs free, {} clients",
+                    json.clients
+                ),
+                ">= 0.9x".to_string(),
+                format!(
+                    "{ratio:.2}x ({:.1} vs {:.1} tokens/s)",
+                    json.decode_tokens_per_sec, free.decode_tokens_per_sec
+                ),
+                ratio >= 0.9,
+            ));
+        }
+    }
     if let Some(most) = results.iter().max_by_key(|r| r.clients) {
         out.push((
             format!("{} clients: no errors, no deadlock", most.clients),
@@ -487,7 +563,7 @@ fn targets(results: &[ServerResult]) -> Vec<(String, String, String, bool)> {
 }
 
 /// `cargo xtask bench server [--quick] [--clients 1,16,64] [--turns N] [--max-tokens N]
-/// [--time-limit S] [--model PATH] [--out DIR]`.
+/// [--time-limit S] [--model PATH] [--out DIR] [--json-schema]`.
 pub fn run(args: &[String], kvb: &Path) -> Result<()> {
     let o = parse(args)?;
     let out = o.out.clone().unwrap_or_else(|| {
@@ -502,11 +578,16 @@ pub fn run(args: &[String], kvb: &Path) -> Result<()> {
             "bench server: {clients} clients x {} turns of {} tokens",
             o.turns, o.max_tokens
         );
-        let r = measure(kvb, &o, clients, &raw)?;
-        for e in &r.error_samples {
-            eprintln!("bench server: {e}");
+        for constrained in [false, true] {
+            if constrained && !o.json_schema {
+                continue;
+            }
+            let r = measure(kvb, &o, clients, constrained, &raw)?;
+            for e in &r.error_samples {
+                eprintln!("bench server: {e}");
+            }
+            results.push(r);
         }
-        results.push(r);
     }
     let mut md = format!(
         "# `kvb serve` under concurrent chats\n\n{} turns per client, {} tokens per answer, a shared system prompt ({}x the full one), \

@@ -8,7 +8,7 @@ use crate::result::{GenerationResult, Started};
 use crate::sequence::{Sequence, Work};
 use crate::EngineError;
 use kvb_model::generate::{
-    logits_to_vec, token_logprobs, top_candidates, Candidates, Next, MAX_DEVICE_K,
+    logits_to_vec, token_logprobs, top_candidates, Candidates, Next, TokenConstraint, MAX_DEVICE_K,
 };
 use kvb_model::{ForwardBatch, LogitsFor, ModelBackend, SeqRows};
 use std::time::Instant;
@@ -146,7 +146,33 @@ impl<B: ModelBackend> Scheduler<B> {
                 }
             }
         }
-        let (result, work) = kvb_model::host_work::counted(|| self.forward(&running, &members));
+        // Grammar masks that sampling needs are worked out on another thread while the forward
+        // pass runs (greedy decoding checks its best token alone, after it).
+        let mut constraints: Vec<(usize, Box<dyn TokenConstraint>)> = Vec::new();
+        for m in members.iter().filter(|m| m.sample) {
+            let run = &mut running[m.seq].run;
+            if let Some(c) = run.needs_mask().then(|| run.take_constraint()).flatten() {
+                constraints.push((m.seq, c));
+            }
+        }
+        let (result, work) = std::thread::scope(|scope| {
+            let masks = (!constraints.is_empty()).then(|| {
+                scope.spawn(|| {
+                    for (_, c) in constraints.iter_mut() {
+                        // A failure shows again, with its message, when the step masks.
+                        let _ = c.prepare();
+                    }
+                })
+            });
+            let out = kvb_model::host_work::counted(|| self.forward(&running, &members));
+            if let Some(masks) = masks {
+                let _ = masks.join();
+            }
+            out
+        });
+        for (seq, c) in constraints {
+            running[seq].run.restore_constraint(c);
+        }
         kvb_model::host_work::add(work);
         let decoders = members.iter().filter(|m| m.decode).count();
         if !members.is_empty() {
@@ -241,7 +267,7 @@ impl<B: ModelBackend> Scheduler<B> {
             let needs_logits = s.options.keep_logits
                 || s.options.logprobs.is_some()
                 || s.stats.first_token_at.is_none()
-                || !sampler.fits_candidates(MAX_DEVICE_K);
+                || !s.run.fits_candidates(MAX_DEVICE_K);
             if needs_logits {
                 return None;
             }

@@ -1,12 +1,14 @@
 //! Generation: prefill, then one token at a time until EOS, a stop string or the token budget.
 
 mod candidates;
+mod constraint;
 mod continuation;
 mod logprobs;
 mod sampler;
 mod text_stream;
 
 pub use candidates::{top_candidates, Candidates, MAX_DEVICE_K};
+pub use constraint::{ConstraintError, TokenConstraint};
 pub use continuation::{Continuation, Next, Step};
 pub use logprobs::{token_logprobs, TokenLogprobs};
 pub use sampler::{argmax, Sampler, SamplingParams};

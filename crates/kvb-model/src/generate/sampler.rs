@@ -98,6 +98,11 @@ impl Sampler {
         }
     }
 
+    /// Whether it picks the most likely token (temperature 0).
+    pub fn greedy(&self) -> bool {
+        self.params.temperature <= 0.0
+    }
+
     /// Takes note of the prompt's tokens, which a repetition penalty covers too.
     pub fn see_prompt(&mut self, tokens: &[u32]) {
         if self.params.repetition_penalty != 1.0 {
@@ -154,7 +159,9 @@ impl Sampler {
         self.sample_adjusted(logits)
     }
 
-    fn sample_adjusted(&mut self, logits: &[f32]) -> u32 {
+    /// The next token from logits already adjusted (and masked: a token at minus infinity is
+    /// never picked while another is finite).
+    pub(crate) fn sample_adjusted(&mut self, logits: &[f32]) -> u32 {
         if self.params.temperature <= 0.0 || logits.len() <= 1 {
             return argmax(logits) as u32;
         }
@@ -238,7 +245,9 @@ impl Sampler {
             }
             r -= x;
         }
-        ranked[probs.len() - 1].0
+        // Rounding left `r` past the end: the last token that can be drawn at all.
+        let last = probs.iter().rposition(|&x| x > 0.0).unwrap_or(0);
+        ranked[last].0
     }
 }
 

@@ -6,7 +6,7 @@ use crate::backend::{parse_backend, probe_device, with_backend};
 use crate::model_arg;
 use anyhow::Context;
 use clap::Args;
-use kvb_engine::{GenerateOptions, GenerationResult};
+use kvb_engine::{GenerateOptions, GenerationResult, Grammar};
 use kvb_model::generate::SamplingParams;
 use kvb_model::{backends::BackendKind, FloatDtype};
 use kvb_model::{ActivationPrecision, ChatMessage, ModelBackend, WeightPrecision};
@@ -46,6 +46,26 @@ pub struct SamplingArgs {
     /// Stop when the output contains this string (repeatable).
     #[arg(long = "stop")]
     pub stop: Vec<String>,
+    /// Answer with a JSON object (constrained decoding, as `response_format: json_object`).
+    #[arg(long, conflicts_with_all = ["json_schema", "regex"])]
+    pub json: bool,
+    /// Answer with JSON valid against this JSON Schema: inline JSON, or a file's path.
+    #[arg(long, value_name = "SCHEMA", value_parser = parse_schema, conflicts_with = "regex")]
+    pub json_schema: Option<serde_json::Value>,
+    /// Answer with text matching this regular expression in full.
+    #[arg(long, value_name = "REGEX")]
+    pub regex: Option<String>,
+}
+
+/// `--json-schema`: inline JSON when it starts with `{` (or is `true`/`false`), else a file.
+fn parse_schema(arg: &str) -> Result<serde_json::Value, String> {
+    let trimmed = arg.trim_start();
+    let text = if trimmed.starts_with('{') || trimmed == "true" || trimmed == "false" {
+        arg.to_string()
+    } else {
+        std::fs::read_to_string(arg).map_err(|e| format!("reading the schema file {arg}: {e}"))?
+    };
+    serde_json::from_str(&text).map_err(|e| format!("the schema is not JSON: {e}"))
 }
 
 impl SamplingArgs {
@@ -67,7 +87,19 @@ impl SamplingArgs {
             },
             stop_strings: self.stop.clone(),
             cacheable_prefix_len: None,
+            grammar: self.grammar(),
             ..Default::default()
+        }
+    }
+
+    /// The structured output the flags ask for.
+    fn grammar(&self) -> Option<Grammar> {
+        if self.json {
+            Some(Grammar::JsonObject)
+        } else if let Some(schema) = &self.json_schema {
+            Some(Grammar::JsonSchema(schema.clone()))
+        } else {
+            self.regex.clone().map(Grammar::Regex)
         }
     }
 }

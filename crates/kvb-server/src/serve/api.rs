@@ -32,6 +32,36 @@ pub struct StreamOptions {
     pub include_usage: bool,
 }
 
+/// `response_format`: free text, any JSON object, or JSON valid against a schema.
+#[derive(Deserialize, Debug, Clone, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ResponseFormat {
+    /// Free text (the default).
+    Text,
+    /// A JSON object.
+    JsonObject,
+    /// JSON valid against `json_schema.schema`.
+    JsonSchema {
+        /// The schema and its name.
+        json_schema: JsonSchemaFormat,
+    },
+}
+
+/// `response_format.json_schema`.
+#[derive(Deserialize, Debug, Clone, ToSchema)]
+#[allow(dead_code)] // name, description, strict: parsed so their types are checked; no effect.
+pub struct JsonSchemaFormat {
+    /// The schema's name (for the caller; it does not change the answer).
+    pub name: String,
+    /// What the schema is for (likewise).
+    pub description: Option<String>,
+    /// The JSON Schema the answer must be valid against.
+    #[schema(value_type = Object)]
+    pub schema: Option<serde_json::Value>,
+    /// OpenAI's strict mode. kvb always constrains decoding to the schema, strict or not.
+    pub strict: Option<bool>,
+}
+
 /// What both endpoints take besides the prompt.
 #[derive(Deserialize, Debug, Clone, ToSchema)]
 pub struct Sampling {
@@ -79,6 +109,9 @@ pub struct Sampling {
     /// Answers per request: only 1 is served.
     #[schema(minimum = 1, maximum = 1)]
     pub n: Option<u32>,
+    /// Structured output: the answer is JSON (an object, or valid against a schema), by
+    /// constrained decoding.
+    pub response_format: Option<ResponseFormat>,
 }
 
 /// A message's content: text, or a list of parts of which only text parts are taken.

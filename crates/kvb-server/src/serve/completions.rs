@@ -15,7 +15,9 @@ use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use futures_util::stream::{self, Stream};
-use kvb_engine::{Event, GenerateOptions, GenerationResult, Started, StopReason, TokenLogprobs};
+use kvb_engine::{
+    Event, GenerateOptions, GenerationResult, Grammar, Started, StopReason, TokenLogprobs,
+};
 use kvb_model::ChatMessage;
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -228,6 +230,10 @@ fn job(
             Some("stop"),
         ));
     }
+    let grammar = match s.response_format.clone() {
+        Some(format) => grammar(format)?,
+        None => None,
+    };
     if s.stream_options.is_some() && !s.stream {
         return Err(ApiError::bad_request(
             "`stream_options` needs `stream`: true",
@@ -248,11 +254,29 @@ fn job(
             stop_strings,
             cacheable_prefix_len: None,
             logprobs,
+            grammar,
             ..Default::default()
         },
         stream: s.stream,
         include_usage: s.stream_options.is_some_and(|o| o.include_usage),
         arrival: arrival.0,
+    })
+}
+
+/// The grammar a `response_format` asks for (`None` for free text).
+fn grammar(format: ResponseFormat) -> Result<Option<Grammar>, ApiError> {
+    Ok(match format {
+        ResponseFormat::Text => None,
+        ResponseFormat::JsonObject => Some(Grammar::JsonObject),
+        ResponseFormat::JsonSchema { json_schema } => match json_schema.schema {
+            Some(schema) => Some(Grammar::JsonSchema(schema)),
+            None => {
+                return Err(ApiError::bad_request(
+                    "`response_format.json_schema.schema` is required",
+                    Some("response_format"),
+                ))
+            }
+        },
     })
 }
 

@@ -170,6 +170,7 @@ impl From<EngineError> for ApiError {
             },
             // The only request-level config error: a token id outside the vocabulary.
             EngineError::Config(_) => Self::bad_request(message, Some("prompt")),
+            EngineError::Grammar(_) => Self::bad_request(message, Some("response_format")),
             EngineError::Stopped => Self::shutting_down(),
             _ => Self::internal(message),
         }

@@ -22,6 +22,7 @@ const SAMPLING: &[&str] = &[
     "stream",
     "stream_options",
     "n",
+    "response_format",
 ];
 
 /// Fields of `/v1/chat/completions` besides [`SAMPLING`].
@@ -47,7 +48,6 @@ fn neutral(field: &str, value: &Value, body: &Value) -> bool {
         .get("tools")
         .is_none_or(|t| t.as_array().is_some_and(Vec::is_empty));
     match field {
-        "response_format" => value.get("type").and_then(Value::as_str) == Some("text"),
         "tools" | "functions" => value.as_array().is_some_and(Vec::is_empty),
         "tool_choice" | "function_call" => {
             no_tools && matches!(value.as_str(), Some("none" | "auto"))
@@ -99,10 +99,9 @@ mod tests {
     fn unserved_fields_are_named_and_harmless_ones_pass() {
         let ok = json!({"model": "m", "messages": [], "user": "u", "metadata": {"a": "b"},
             "store": false, "temperature": 0, "logit_bias": {"5": 1}, "tools": [],
-            "tool_choice": "auto", "response_format": {"type": "text"}, "suffix": null});
+            "tool_choice": "auto", "response_format": {"type": "json_object"}, "suffix": null});
         assert_eq!(refused(ok), None);
         for (field, value) in [
-            ("response_format", json!({"type": "json_object"})),
             (
                 "tools",
                 json!([{"type": "function", "function": {"name": "f"}}]),

@@ -1,0 +1,58 @@
+//! The grammars a request can ask for, and how each becomes llguidance's grammar.
+
+use crate::error::{ConstrainError, Result};
+use llguidance::api::TopLevelGrammar;
+use serde_json::{json, Value};
+
+/// What generated text must match.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Grammar {
+    /// Any JSON object (OpenAI's `response_format: {type: json_object}`).
+    JsonObject,
+    /// A JSON value valid against this JSON Schema (`json_schema`).
+    JsonSchema(Value),
+    /// Text matching this regular expression in full.
+    Regex(String),
+    /// A grammar in llguidance's Lark dialect.
+    Lark(String),
+}
+
+/// JSON laid out one way, `{"a": 1, "b": [2, 3]}`: free whitespace lets a small model spin
+/// in newlines until its tokens run out, and a fixed layout is what most chat models write.
+fn layout() -> Value {
+    json!({
+        "whitespace_flexible": false,
+        "item_separator": ", ",
+        "key_separator": ": ",
+    })
+}
+
+impl Grammar {
+    pub(crate) fn to_llguidance(&self) -> Result<TopLevelGrammar> {
+        Ok(match self {
+            Grammar::JsonObject => schema_grammar(json!({"type": "object"})),
+            Grammar::JsonSchema(schema) => match schema {
+                Value::Bool(_) | Value::Object(_) => schema_grammar(schema.clone()),
+                other => {
+                    return Err(ConstrainError::Grammar(format!(
+                        "a JSON Schema is an object or a boolean, not {other}"
+                    )))
+                }
+            },
+            Grammar::Regex(rx) => TopLevelGrammar::from_regex(rx),
+            Grammar::Lark(lark) => TopLevelGrammar::from_lark(lark.clone()),
+        })
+    }
+}
+
+fn schema_grammar(mut schema: Value) -> TopLevelGrammar {
+    if let Value::Bool(b) = schema {
+        // llguidance reads its layout options off an object; `true` is `{}`, `false` is
+        // `{"not": {}}`.
+        schema = if b { json!({}) } else { json!({"not": {}}) };
+    }
+    if let Value::Object(map) = &mut schema {
+        map.entry("x-guidance").or_insert_with(layout);
+    }
+    TopLevelGrammar::from_json_schema(schema)
+}
