@@ -19,7 +19,9 @@ pub enum Grammar {
 
 /// JSON laid out one way, `{"a": 1, "b": [2, 3]}`: free whitespace lets a small model spin
 /// in newlines until its tokens run out, and a fixed layout is what most chat models write.
-fn layout() -> Value {
+/// The value of a schema's `x-guidance` key (the grammars here add it; a Lark grammar's
+/// `%json {...}` can too).
+pub fn json_layout() -> Value {
     json!({
         "whitespace_flexible": false,
         "item_separator": ", ",
@@ -52,7 +54,7 @@ fn schema_grammar(mut schema: Value) -> TopLevelGrammar {
         schema = if b { json!({}) } else { json!({"not": {}}) };
     }
     if let Value::Object(map) = &mut schema {
-        map.entry("x-guidance").or_insert_with(layout);
+        map.entry("x-guidance").or_insert_with(json_layout);
     }
     TopLevelGrammar::from_json_schema(schema)
 }

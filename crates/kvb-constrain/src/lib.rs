@@ -19,7 +19,7 @@ mod matcher;
 mod vocabulary;
 
 pub use error::{ConstrainError, Result};
-pub use grammar::Grammar;
+pub use grammar::{json_layout, Grammar};
 pub use matcher::TokenMatcher;
 pub use vocabulary::Vocabulary;
 

@@ -1,6 +1,7 @@
 """A framework's structured output against `kvb serve`: LangChain's `with_structured_output`
 (over `langchain-openai`'s ChatOpenAI, which sends `response_format: json_schema`) gives an
-instance of the caller's Pydantic model, and its tool-free JSON mode parses.
+instance of the caller's Pydantic model, and `bind_tools` with a forced tool gives a call whose
+arguments fit.
 
 usage: langchain_client.py BASE_URL MODEL
 """
@@ -37,5 +38,22 @@ raw = llm.with_structured_output(Person, method="json_schema", include_raw=True)
 assert raw["parsing_error"] is None, raw
 assert isinstance(raw["parsed"], Person)
 assert Person.model_validate_json(raw["raw"].content) == raw["parsed"]
+
+# Tools bound the LangChain way, the call forced by name: its args are a dict that fits.
+from langchain_core.tools import tool
+
+
+@tool
+def get_weather(city: str, unit: Literal["celsius", "fahrenheit"]) -> str:
+    """The weather in a city."""
+    return "18 degrees"
+
+
+message = llm.bind_tools([get_weather], tool_choice="get_weather").invoke("Weather in Paris?")
+assert len(message.tool_calls) == 1, message
+call = message.tool_calls[0]
+# The schema LangChain sends allows more keys; the required ones are there.
+assert call["name"] == "get_weather" and {"city", "unit"} <= set(call["args"]), call
+assert call["args"]["unit"] in ("celsius", "fahrenheit"), call
 
 print(f"langchain client: ok ({len(people)} people, e.g. {people[0].model_dump_json()})")

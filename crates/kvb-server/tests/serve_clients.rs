@@ -66,19 +66,24 @@ fn output_of(cmd: &mut Command) -> String {
 
 #[test]
 fn the_openai_python_package_chats_completes_streams_and_sees_cached_tokens() {
-    let said = run_client("openai_client.py");
+    let said = run_client("openai_client.py", false);
     assert!(said.contains("openai client: ok"), "{said}");
 }
 
-/// Runs a client script against `kvb serve` on the tiny model; returns what it printed.
-fn run_client(script: &str) -> String {
+/// Runs a client script against `kvb serve` on the tiny model, or with `default` on the default
+/// model (whose context holds tool descriptions); returns what it printed.
+fn run_client(script: &str, default: bool) -> String {
     let (_dir, model) = tiny_model();
-    let s = Server::start(&[
-        "--model",
-        model.to_str().unwrap(),
-        "--served-model-name",
-        "tiny",
-    ]);
+    let s = if default {
+        Server::start(&["--served-model-name", "tiny"])
+    } else {
+        Server::start(&[
+            "--model",
+            model.to_str().unwrap(),
+            "--served-model-name",
+            "tiny",
+        ])
+    };
     let script = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests")
         .join(script);
@@ -91,14 +96,20 @@ fn run_client(script: &str) -> String {
 
 #[test]
 fn structured_outputs_validate_against_100_random_schemas_through_the_openai_package() {
-    let said = run_client("structured_client.py");
+    let said = run_client("structured_client.py", false);
     assert!(said.contains("structured client: ok"), "{said}");
 }
 
 #[test]
 fn langchain_with_structured_output_gets_instances_of_its_model() {
-    let said = run_client("langchain_client.py");
+    let said = run_client("langchain_client.py", true);
     assert!(said.contains("langchain client: ok"), "{said}");
+}
+
+#[test]
+fn forced_tool_calls_fit_their_schema_through_the_openai_package() {
+    let said = run_client("tools_client.py", true);
+    assert!(said.contains("tools client: ok"), "{said}");
 }
 
 /// The fenced block of `lang` that follows the README's first line containing `marker`.

@@ -113,8 +113,8 @@ fn unserved_fields_are_refused_by_name_and_harmless_ones_accepted() {
             "response_format",
         ),
         (
-            json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}),
-            "tools",
+            json!({"functions": [{"name": "f", "parameters": {}}]}),
+            "functions",
         ),
         (json!({"reasoning_effort": "low"}), "reasoning_effort"),
         (json!({"logit_bias": {"abc": 1}}), "logit_bias.abc"),

@@ -138,11 +138,119 @@ pub struct ContentPart {
 /// A chat message.
 #[derive(Deserialize, Debug, Clone, ToSchema)]
 pub struct ChatMessageIn {
-    /// `system`, `user`, `assistant` (or `developer`, read as `system`).
-    #[schema(pattern = "^(system|user|assistant|developer)$")]
+    /// `system`, `user`, `assistant`, `tool` (or `developer`, read as `system`).
+    #[schema(pattern = "^(system|user|assistant|developer|tool)$")]
     pub role: String,
-    /// Its content.
-    pub content: Content,
+    /// Its content (may be null for an assistant message with `tool_calls`).
+    #[serde(default)]
+    pub content: Option<Content>,
+    /// An assistant message's calls of the request's tools.
+    pub tool_calls: Option<Vec<ToolCallIn>>,
+    /// A `tool` message: the call it answers (checked as text; the generic format matches
+    /// results to calls by order).
+    #[allow(dead_code)]
+    pub tool_call_id: Option<String>,
+}
+
+/// A function call in an assistant message of the history.
+#[derive(Deserialize, Debug, Clone, ToSchema)]
+#[allow(dead_code)] // id, type: parsed so their types are checked; the format writes neither.
+pub struct ToolCallIn {
+    /// The call's id.
+    pub id: Option<String>,
+    /// `function`.
+    #[serde(rename = "type")]
+    #[schema(pattern = "^function$")]
+    pub kind: Option<String>,
+    /// The function and its arguments.
+    pub function: FunctionCall,
+}
+
+/// A function's name and its arguments, as a JSON text (OpenAI's shape).
+#[derive(Serialize, Deserialize, Debug, Clone, ToSchema)]
+pub struct FunctionCall {
+    /// The function's name.
+    pub name: String,
+    /// Its arguments: a JSON object, as text.
+    pub arguments: String,
+}
+
+/// A tool the model may call.
+#[derive(Deserialize, Debug, Clone, ToSchema)]
+pub struct ToolDef {
+    /// Only `function`.
+    #[serde(rename = "type")]
+    #[schema(pattern = "^function$")]
+    pub kind: String,
+    /// The function.
+    pub function: FunctionDef,
+}
+
+/// A function the model may call.
+#[derive(Deserialize, Serialize, Debug, Clone, ToSchema)]
+pub struct FunctionDef {
+    /// Its name: letters, digits, `_` and `-`, at most 64.
+    pub name: String,
+    /// What it does, for the model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// The JSON Schema of its arguments (an object; absent: no arguments).
+    #[schema(value_type = Object)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<serde_json::Value>,
+    /// OpenAI's strict mode; kvb always constrains forced calls' arguments to the schema.
+    #[serde(skip_serializing)]
+    #[allow(dead_code)]
+    pub strict: Option<bool>,
+}
+
+/// `tool_choice`: `none`, `auto`, `required`, or one function by name.
+#[derive(Deserialize, Debug, Clone, ToSchema)]
+#[serde(untagged)]
+pub enum ToolChoice {
+    /// `none`, `auto` or `required`.
+    Mode(String),
+    /// `{"type": "function", "function": {"name": ...}}`.
+    Named {
+        /// `function`.
+        #[serde(rename = "type")]
+        kind: String,
+        /// The function to call.
+        function: NamedFunction,
+    },
+}
+
+/// The function of a named `tool_choice`.
+#[derive(Deserialize, Debug, Clone, ToSchema)]
+pub struct NamedFunction {
+    /// Its name.
+    pub name: String,
+}
+
+/// A call the answer makes.
+#[derive(Serialize, Debug, Clone, ToSchema)]
+pub struct ToolCallOut {
+    /// `call_...`, unique within the server's run.
+    pub id: String,
+    /// `function`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The function and its arguments.
+    pub function: FunctionCall,
+}
+
+/// A call in a streamed chunk (OpenAI's shape; kvb sends each call whole, in one chunk).
+#[derive(Serialize, Debug, Clone, ToSchema)]
+pub struct ToolCallDelta {
+    /// Which call of the answer, from 0.
+    pub index: u32,
+    /// `call_...`.
+    pub id: String,
+    /// `function`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The function and its arguments.
+    pub function: FunctionCall,
 }
 
 /// `POST /v1/chat/completions`.
@@ -157,6 +265,12 @@ pub struct ChatCompletionRequest {
     /// With `logprobs`, how many of the most likely tokens to list at each position.
     #[schema(minimum = 0, maximum = 20)]
     pub top_logprobs: Option<u32>,
+    /// Functions the model may call.
+    pub tools: Option<Vec<ToolDef>>,
+    /// Whether and which tool it calls (default `auto` with tools).
+    pub tool_choice: Option<ToolChoice>,
+    /// Whether an answer may make several calls (default true).
+    pub parallel_tool_calls: Option<bool>,
     /// Model, sampling and streaming settings.
     #[serde(flatten)]
     pub sampling: Sampling,
@@ -213,8 +327,11 @@ pub struct Usage {
 pub struct ChatMessageOut {
     /// Always `assistant`.
     pub role: &'static str,
-    /// The generated text.
-    pub content: String,
+    /// The generated text (null when the answer is only tool calls).
+    pub content: Option<String>,
+    /// The answer's calls of the request's tools.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallOut>>,
 }
 
 /// One answer of a chat completion.
@@ -226,7 +343,8 @@ pub struct ChatChoice {
     pub message: ChatMessageOut,
     /// The tokens' log-probabilities when the request asks (`logprobs`), else null.
     pub logprobs: Option<ChatLogprobs>,
-    /// `stop` (end of sequence or a stop string) or `length` (token limit or context full).
+    /// `stop` (end of sequence or a stop string), `length` (token limit or context full) or
+    /// `tool_calls`.
     pub finish_reason: &'static str,
 }
 
@@ -256,6 +374,9 @@ pub struct Delta {
     /// New text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// Tool calls, each whole.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 /// One choice of a streamed chat chunk.

@@ -109,6 +109,9 @@ impl JsonBody for ChatCompletionRequest {
             messages: field(v, "messages")?,
             logprobs: optional_field(v, "logprobs")?.unwrap_or(false),
             top_logprobs: optional_field(v, "top_logprobs")?,
+            tools: optional_field(v, "tools")?,
+            tool_choice: optional_field(v, "tool_choice")?,
+            parallel_tool_calls: optional_field(v, "parallel_tool_calls")?,
             sampling: whole(v)?,
         })
     }

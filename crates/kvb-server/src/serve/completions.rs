@@ -9,6 +9,7 @@ use super::chat_prompt::chat_prompt_tokens;
 use super::error::ApiError;
 use super::logprobs;
 use super::sampling::sampling_params;
+use super::tools::{self, tools_of, ParsedCall, ToolStream, Tools};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::sse::{Event as SseEvent, Sse};
@@ -50,6 +51,8 @@ struct Job {
     stream: bool,
     include_usage: bool,
     arrival: Instant,
+    /// The request's tools, when it offers any (chat only).
+    tools: Option<Tools>,
 }
 
 enum PromptInput {
@@ -77,7 +80,11 @@ pub async fn chat_completions(
     ApiJson(req): ApiJson<ChatCompletionRequest>,
 ) -> Response {
     let job = (|| {
-        let messages = chat_messages(&req.messages)?;
+        let tools = tools_of(&req)?;
+        let mut messages = chat_messages(&req.messages)?;
+        if let Some(t) = &tools {
+            messages = t.prompt(messages);
+        }
         let logprobs = match (req.logprobs, req.top_logprobs) {
             (_, Some(n)) if n > MAX_TOP_LOGPROBS => Err(ApiError::bad_request(
                 format!("`top_logprobs` must be at most {MAX_TOP_LOGPROBS}"),
@@ -90,13 +97,18 @@ pub async fn chat_completions(
             (true, top) => Ok(Some(top.unwrap_or(0) as usize)),
             (false, None) => Ok(None),
         }?;
-        job(
+        let mut job = job(
             &app,
             Kind::Chat,
             PromptInput::Chat(messages),
             (req.sampling, logprobs),
             arrival,
-        )
+        )?;
+        if let Some(t) = &tools {
+            job.options.grammar = t.grammar();
+        }
+        job.tools = tools;
+        Ok(job)
     })();
     match job {
         Ok(job) => run(app, job).await,
@@ -160,21 +172,36 @@ pub(super) fn chat_messages(messages: &[ChatMessageIn]) -> Result<Vec<ChatMessag
         .collect()
 }
 
-/// A message for the chat template; content parts other than text are refused.
+/// A message for the chat template; content parts other than text are refused. Tool results
+/// and an assistant's calls are written in the tool format ([`super::tools`]).
 fn message(m: &ChatMessageIn, i: usize) -> Result<ChatMessage, ApiError> {
     let role = match m.role.as_str() {
         "developer" => "system",
-        r @ ("system" | "user" | "assistant") => r,
+        r @ ("system" | "user" | "assistant" | "tool") => r,
         other => {
             return Err(ApiError::bad_request(
-                format!("unknown role `{other}` (system, user, assistant, developer)"),
+                format!("unknown role `{other}` (system, user, assistant, developer, tool)"),
                 Some(&format!("messages[{i}].role")),
             ))
         }
     };
-    let content = match &m.content {
-        Content::Text(t) => t.clone(),
-        Content::Parts(parts) => {
+    let calls = m.tool_calls.as_deref().unwrap_or_default();
+    if !calls.is_empty() && role != "assistant" {
+        return Err(ApiError::bad_request(
+            "only assistant messages have `tool_calls`",
+            Some(&format!("messages[{i}].tool_calls")),
+        ));
+    }
+    let mut content = match &m.content {
+        None if !calls.is_empty() => String::new(),
+        None => {
+            return Err(ApiError::bad_request(
+                "`content` is required (it may be null only beside `tool_calls`)",
+                Some(&format!("messages[{i}].content")),
+            ))
+        }
+        Some(Content::Text(t)) => t.clone(),
+        Some(Content::Parts(parts)) => {
             let mut text = String::new();
             for (j, p) in parts.iter().enumerate() {
                 match (p.kind.as_str(), &p.text) {
@@ -190,7 +217,16 @@ fn message(m: &ChatMessageIn, i: usize) -> Result<ChatMessage, ApiError> {
             text
         }
     };
-    Ok(ChatMessage::new(role, content))
+    for call in calls {
+        if !content.is_empty() {
+            content.push('\n');
+        }
+        content += &tools::call_text(&call.function.name, &call.function.arguments);
+    }
+    Ok(match role {
+        "tool" => ChatMessage::new("user", tools::response_text(&content)),
+        _ => ChatMessage::new(role, content),
+    })
 }
 
 /// The most likely tokens a request may ask to see at each position (OpenAI's bound for chat).
@@ -260,6 +296,7 @@ fn job(
         stream: s.stream,
         include_usage: s.stream_options.is_some_and(|o| o.include_usage),
         arrival: arrival.0,
+        tools: None,
     })
 }
 
@@ -473,6 +510,7 @@ async fn whole_answer(
     };
     log_end(&app, &job, "ok", Some(&r));
     let headers = started.as_ref().map(reuse_headers).unwrap_or_default();
+    let calls = job.tools.as_ref().and_then(|t| t.parse(&r.output_text));
     let body = match job.kind {
         Kind::Chat => Json(ChatCompletion {
             id: job.id.clone(),
@@ -481,15 +519,36 @@ async fn whole_answer(
             model: app.settings.model_name.clone(),
             choices: vec![ChatChoice {
                 index: 0,
-                message: ChatMessageOut {
-                    role: "assistant",
-                    content: r.output_text.clone(),
+                message: match &calls {
+                    Some((before, calls)) => ChatMessageOut {
+                        role: "assistant",
+                        content: before.clone(),
+                        tool_calls: Some(
+                            calls
+                                .iter()
+                                .map(|c| ToolCallOut {
+                                    id: app.new_id("call"),
+                                    kind: "function",
+                                    function: c.clone().into(),
+                                })
+                                .collect(),
+                        ),
+                    },
+                    None => ChatMessageOut {
+                        role: "assistant",
+                        content: Some(r.output_text.clone()),
+                        tool_calls: None,
+                    },
                 },
                 logprobs: job
                     .options
                     .logprobs
                     .map(|_| logprobs::chat(app.engine.tokenizer(), &r.logprobs)),
-                finish_reason: finish_reason(&r),
+                finish_reason: if calls.is_some() {
+                    "tool_calls"
+                } else {
+                    finish_reason(&r)
+                },
             }],
             usage: usage(&r),
         })
@@ -533,6 +592,8 @@ struct StreamState {
     pending: std::collections::VecDeque<SseEvent>,
     /// Characters of the tokens sent so far (a completion chunk's `text_offset`).
     token_chars: usize,
+    /// With tools: what of the text goes out as content, and the calls held back.
+    tool_stream: Option<ToolStream>,
     done: bool,
 }
 
@@ -564,6 +625,7 @@ impl StreamState {
                     delta: Delta {
                         role: role.then_some("assistant"),
                         content: text,
+                        tool_calls: None,
                     },
                     logprobs: tokens.map(|t| logprobs::chat(tokenizer, t)),
                     finish_reason: finish,
@@ -585,6 +647,37 @@ impl StreamState {
                 usage: None,
             }),
         }
+    }
+
+    /// A chat chunk with the answer's calls, each whole.
+    fn calls_chunk(&self, calls: Vec<ParsedCall>) -> SseEvent {
+        let calls = calls
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| ToolCallDelta {
+                index: i as u32,
+                id: self.app.new_id("call"),
+                kind: "function",
+                function: c.into(),
+            })
+            .collect();
+        Self::json(&ChatCompletionChunk {
+            id: self.job.id.clone(),
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: self.app.settings.model_name.clone(),
+            choices: vec![ChatChunkChoice {
+                index: 0,
+                delta: Delta {
+                    role: None,
+                    content: None,
+                    tool_calls: Some(calls),
+                },
+                logprobs: None,
+                finish_reason: None,
+            }],
+            usage: None,
+        })
     }
 
     fn usage_chunk(&self, r: &GenerationResult) -> SseEvent {
@@ -618,13 +711,33 @@ impl StreamState {
                     .started(s.ttft_ms, s.prompt_tokens, s.cached_tokens());
             }
             Some(Event::Token { text, logprobs, .. }) => {
-                let e = self.chunk(Some(text), false, None, logprobs.as_ref());
-                self.pending.push_back(e);
+                let text = match &mut self.tool_stream {
+                    Some(t) => t.push(&text),
+                    None => text,
+                };
+                if !(text.is_empty() && self.tool_stream.is_some()) {
+                    let e = self.chunk(Some(text), false, None, logprobs.as_ref());
+                    self.pending.push_back(e);
+                }
             }
             Some(Event::Finished(r)) => match *r {
                 Ok(r) => {
                     log_end(&self.app, &self.job, "ok", Some(&r));
-                    let last = self.chunk(None, false, Some(finish_reason(&r)), None);
+                    let mut finish = finish_reason(&r);
+                    let held = self.tool_stream.take().zip(self.job.tools.as_ref());
+                    match held.map(|(stream, tools)| stream.finish(tools)) {
+                        Some(Ok(calls)) => {
+                            let e = self.calls_chunk(calls);
+                            self.pending.push_back(e);
+                            finish = "tool_calls";
+                        }
+                        Some(Err(rest)) if !rest.is_empty() => {
+                            let e = self.chunk(Some(rest), false, None, None);
+                            self.pending.push_back(e);
+                        }
+                        _ => {}
+                    }
+                    let last = self.chunk(None, false, Some(finish), None);
                     self.pending.push_back(last);
                     if self.job.include_usage {
                         let u = self.usage_chunk(&r);
@@ -696,6 +809,7 @@ async fn stream_answer(
         started.cached_tokens(),
     );
     let headers = reuse_headers(&started);
+    let tool_stream = job.tools.as_ref().map(|t| ToolStream::new(t.forced()));
     let mut state = StreamState {
         app,
         job,
@@ -705,6 +819,7 @@ async fn stream_answer(
         created: unix_now(),
         pending: Default::default(),
         token_chars: 0,
+        tool_stream,
         done: false,
     };
     if state.job.kind == Kind::Chat {

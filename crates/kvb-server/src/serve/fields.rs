@@ -26,7 +26,14 @@ const SAMPLING: &[&str] = &[
 ];
 
 /// Fields of `/v1/chat/completions` besides [`SAMPLING`].
-pub const CHAT: &[&str] = &["messages", "logprobs", "top_logprobs"];
+pub const CHAT: &[&str] = &[
+    "messages",
+    "logprobs",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+];
 
 /// Fields of `/v1/completions` besides [`SAMPLING`].
 pub const COMPLETION: &[&str] = &["prompt", "logprobs"];
@@ -102,10 +109,7 @@ mod tests {
             "tool_choice": "auto", "response_format": {"type": "json_object"}, "suffix": null});
         assert_eq!(refused(ok), None);
         for (field, value) in [
-            (
-                "tools",
-                json!([{"type": "function", "function": {"name": "f"}}]),
-            ),
+            ("functions", json!([{"name": "f", "parameters": {}}])),
             ("reasoning_effort", json!("high")),
             ("chat_template_kwargs", json!({})),
             ("echo", json!(true)),
@@ -114,11 +118,14 @@ mod tests {
             body[field] = value;
             assert_eq!(refused(body), Some(field.to_string()), "{field}");
         }
-        // A tool choice means something once tools are given.
+        // The legacy function call means something once tools are given.
         let forced = json!({"model": "m", "messages": [], "tools": [{"type": "function"}],
-            "tool_choice": "none"});
-        assert!(!neutral("tool_choice", &forced["tool_choice"], &forced));
+            "function_call": "none"});
+        assert!(!neutral("function_call", &forced["function_call"], &forced));
         assert!(refused(forced).is_some());
+        // Tools are served on chat, not on completions.
+        let body = json!({"model": "m", "prompt": "x", "tools": []});
+        assert!(check(&body, COMPLETION).is_ok(), "an empty list is neutral");
         // Chat fields are not completion fields.
         let body = json!({"model": "m", "prompt": "x", "top_logprobs": 2});
         assert_eq!(

@@ -1,0 +1,225 @@
+//! Tool calling on the default model (the tiny one's 256-token context cannot hold the tools'
+//! description): `required` and a named function give calls whose arguments fit their
+//! schemas, streamed and whole alike; `none` gives text; calls and results in the history are
+//! taken; bad tools are refused by name (on the tiny model: refused before it runs).
+
+mod common;
+
+use common::{client, sse_data, tiny_server, Server};
+
+/// `kvb serve` on the default model, served as `tiny` like the rest of these requests.
+fn default_server() -> Server {
+    Server::start(&["--served-model-name", "tiny"])
+}
+use serde_json::{json, Value};
+
+fn post(s: &Server, body: &Value) -> (u16, Value) {
+    let r = client()
+        .post(s.url("/v1/chat/completions"))
+        .json(body)
+        .send()
+        .unwrap();
+    let status = r.status().as_u16();
+    let text = r.text().unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON: {text}")),
+    )
+}
+
+fn tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+            "parameters": {"type": "object", "properties": {
+                "city": {"type": "string", "maxLength": 10},
+                "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"], "additionalProperties": false}}},
+        {"type": "function", "function": {"name": "add",
+            "parameters": {"type": "object", "properties": {
+                "a": {"type": "integer", "minimum": 0, "maximum": 99},
+                "b": {"type": "integer", "minimum": 0, "maximum": 99}},
+            "required": ["a", "b"], "additionalProperties": false}}}
+    ])
+}
+
+/// Whether `args` (JSON text) fit function `name` of [`tools`].
+fn fits(name: &str, args: &str) -> bool {
+    let v: Value = match serde_json::from_str(args) {
+        Ok(v) => v,
+        Err(_) => return false,
+    };
+    let o = v.as_object().unwrap();
+    match name {
+        "get_weather" => {
+            o.len() == 2
+                && o["city"].as_str().is_some_and(|c| c.chars().count() <= 10)
+                && ["celsius", "fahrenheit"].contains(&o["unit"].as_str().unwrap_or(""))
+        }
+        "add" => {
+            o.len() == 2
+                && ["a", "b"]
+                    .iter()
+                    .all(|k| o[*k].as_u64().is_some_and(|n| n <= 99))
+        }
+        _ => false,
+    }
+}
+
+fn request(choice: Value, seed: u64) -> Value {
+    json!({"model": "tiny", "max_tokens": 160, "temperature": 0.8, "seed": seed,
+        "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+        "tools": tools(), "tool_choice": choice})
+}
+
+/// The calls of a streamed answer (name, arguments), and its finish reason.
+fn streamed_calls(s: &Server, body: &Value) -> (Vec<(String, String)>, String) {
+    let mut body = body.clone();
+    body["stream"] = json!(true);
+    let r = client()
+        .post(s.url("/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let (mut calls, mut finish) = (Vec::new(), String::new());
+    for d in sse_data(&r.text().unwrap())
+        .iter()
+        .filter(|d| *d != "[DONE]")
+    {
+        let c: Value = serde_json::from_str(d).unwrap();
+        let choice = &c["choices"][0];
+        for call in choice["delta"]["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            assert_eq!(call["index"].as_u64().unwrap() as usize, calls.len());
+            assert!(call["id"].as_str().unwrap().starts_with("call"));
+            let f = &call["function"];
+            calls.push((
+                f["name"].as_str().unwrap().to_string(),
+                f["arguments"].as_str().unwrap().to_string(),
+            ));
+        }
+        if let Some(f) = choice["finish_reason"].as_str() {
+            finish = f.to_string();
+        }
+    }
+    (calls, finish)
+}
+
+#[test]
+fn forced_calls_fit_their_functions_streamed_or_whole() {
+    let s = default_server();
+    for seed in 0..3u64 {
+        for choice in [
+            json!("required"),
+            json!({"type": "function", "function": {"name": "add"}}),
+        ] {
+            // One call each: a 135M model asked for parallel calls tends to repeat its call
+            // until the token limit.
+            let mut body = request(choice.clone(), seed);
+            body["parallel_tool_calls"] = json!(false);
+            let (status, v) = post(&s, &body);
+            assert_eq!(status, 200, "{v}");
+            let c = &v["choices"][0];
+            assert_eq!(c["finish_reason"], "tool_calls", "{v}");
+            let calls: Vec<(String, String)> = c["message"]["tool_calls"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| {
+                    assert_eq!(t["type"], "function");
+                    let f = &t["function"];
+                    (
+                        f["name"].as_str().unwrap().to_string(),
+                        f["arguments"].as_str().unwrap().to_string(),
+                    )
+                })
+                .collect();
+            assert!(!calls.is_empty());
+            for (name, args) in &calls {
+                assert!(fits(name, args), "{name}({args}) does not fit");
+            }
+            if choice.is_object() {
+                assert_eq!(calls.len(), 1, "a named function is called once");
+                assert_eq!(calls[0].0, "add");
+            }
+            assert_eq!(streamed_calls(&s, &body), (calls, "tool_calls".to_string()));
+        }
+    }
+}
+
+#[test]
+fn none_answers_in_text_and_history_with_calls_is_taken() {
+    let s = default_server();
+    let mut none = request(json!("none"), 1);
+    none["max_tokens"] = json!(16);
+    let (status, v) = post(&s, &none);
+    assert_eq!(status, 200, "{v}");
+    assert!(v["choices"][0]["message"]["tool_calls"].is_null());
+    assert!(v["choices"][0]["message"]["content"].is_string());
+    // A conversation with a call and its result: the prompt grows by them.
+    let mut body = request(json!("auto"), 1);
+    body["max_tokens"] = json!(8);
+    let (_, short) = post(&s, &body);
+    body["messages"] = json!([
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"unit\": \"celsius\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees, sunny"}
+    ]);
+    let (status, long) = post(&s, &body);
+    assert_eq!(status, 200, "{long}");
+    assert!(
+        long["usage"]["prompt_tokens"].as_u64() > short["usage"]["prompt_tokens"].as_u64(),
+        "{long}"
+    );
+}
+
+#[test]
+fn bad_tools_are_refused_by_name() {
+    let (_d, s) = tiny_server(&[]);
+    let with = |patch: Value| {
+        let mut body = request(json!("auto"), 0);
+        for (k, v) in patch.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        body
+    };
+    for (patch, param) in [
+        (
+            json!({"tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+            "tool_choice",
+        ),
+        (json!({"tool_choice": "sometimes"}), "tool_choice"),
+        (
+            json!({"tools": [{"type": "retrieval", "function": {"name": "f"}}]}),
+            "tools[0].type",
+        ),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "has space"}}]}),
+            "tools[0].function.name",
+        ),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": 3}}]}),
+            "tools[0].function.parameters",
+        ),
+        (
+            json!({"tools": [], "tool_choice": "required"}),
+            "tool_choice",
+        ),
+        (
+            json!({"response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": null}]}),
+            "messages[0].content",
+        ),
+    ] {
+        let (status, v) = post(&s, &with(patch.clone()));
+        assert_eq!(status, 400, "{patch}: {v}");
+        assert_eq!(v["error"]["param"], param, "{patch}: {v}");
+    }
+}
