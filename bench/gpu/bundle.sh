@@ -17,6 +17,8 @@ D=.device
 mkdir -p $D/stage/llama/bin $D/stage/llama/lib
 newest() { ls -t $T/deps/$1-* | grep -v '\.d$' | head -1; }
 cp $T/kvb $D/stage/kvb
+# KVB_ALT: a second kvb to compare (device_run.sh's step alt), e.g. one built against a patched CubeCL.
+[ -n "${KVB_ALT:-}" ] && cp "$KVB_ALT" $D/stage/kvb-st && strip --strip-debug $D/stage/kvb-st
 cp "$(newest cube_matches_naive)" $D/stage/cube_matches_naive
 cp "$(newest gpu_attention)" $D/stage/gpu_attention
 # kvb-model's products at decode shapes, when built (cargo bench --workspace --features
@@ -31,7 +33,13 @@ if [ -n "$LLAMA_BUILD" ]; then
   for b in llama-bench llama-batched-bench llama-quantize; do cp $LLAMA_BUILD/bin/$b $D/stage/llama/bin/; done
   cp -P $LLAMA_BUILD/bin/*.so* $D/stage/llama/lib/
 fi
-strip $D/stage/kvb $D/stage/cube_matches_naive $D/stage/gpu_attention $D/stage/gpu_linear $D/stage/llama/bin/* $D/stage/llama/lib/*.so* 2>/dev/null || true
+# kvb keeps its symbols (not its debug info): bench/gpu/stack_samples.py names its functions.
+strip --strip-debug $D/stage/kvb
+strip $D/stage/cube_matches_naive $D/stage/gpu_attention $D/stage/gpu_linear $D/stage/llama/bin/* $D/stage/llama/lib/*.so* 2>/dev/null || true
+# device_run.sh also needs, beside the bundle, the gguf wheel and the default model's tokenizer.
+ls $D/gguf-*.whl > /dev/null 2>&1 || pip download -q --no-deps -d $D gguf
+[ -f $D/smollm2-tokenizer.gguf ] || echo "missing $D/smollm2-tokenizer.gguf: make it with" \
+  "xtask/shapes/make_shape.py --tokenizer-from <SmolLM2 GGUF> --save-tokenizer $D/smollm2-tokenizer.gguf" >&2
 XZ_OPT=-T2 tar cJf $D/bundle.tar.xz -C $D/stage .
 rm -rf $D/stage
 ls -la $D

@@ -13,7 +13,7 @@ R=$OUT/results
 mkdir -p "$R"
 exec > >(tee "$OUT/run.log") 2>&1
 # STEPS picks the steps (default: all but diag, linear, layouts and profile): tests attn
-# linear models llama kvb extra diag layouts profile host decode launches. ATTN_RUNS (default "f16:auto f16:vector bf16:auto") the attention benchmarks, SKIP_SDPA=1 skips
+# linear ncu models llama kvb long batch alt extra diag layouts profile host stacks decode launches. ATTN_RUNS (default "f16:auto f16:vector bf16:auto") the attention benchmarks, SKIP_SDPA=1 skips
 # PyTorch's; BUDGET (seconds, default 540) stops starting kvb runs near the end.
 STEPS=" ${STEPS:-tests attn models llama kvb extra launches} "
 want() { [[ $STEPS == *" $1 "* ]]; }
@@ -59,11 +59,27 @@ fi
 
 if want linear; then
 step "projection products at decode shapes: weights [in, out] vs [out, in] viewed transposed"
-[ -x "$B/gpu_linear" ] && KVB_BENCH_BACKEND=cuda KVB_BENCH_DTYPE=f16 KVB_BENCH_OUT=$R/linear-f16 \
-  timeout 150 "$B/gpu_linear" --bench 2>&1 | grep -E '^\||error|panic'
+# PROJECTION_OUTPUTS: outputs per group of kvb's kernel to compare (its own choice: "auto").
+for o in ${PROJECTION_OUTPUTS:-auto}; do
+  echo "kvb kernel outputs per group: $o"
+  [ $o = auto ] && o=
+  [ -x "$B/gpu_linear" ] && KVB_PROJECTION_OUTPUTS=$o KVB_BENCH_BACKEND=cuda KVB_BENCH_DTYPE=f16 \
+    KVB_BENCH_OUT=$R/linear-f16${o:+-o$o} timeout 150 "$B/gpu_linear" --bench 2>&1 | grep -E '^\||error|panic'
+done
 fi
 
-want models || want kvb || want layouts || want profile || want host || want decode || want llama || want diag || want launches || { step done; exit 0; }
+if want ncu; then
+step "Nsight Compute on kvb's projection kernel: gate, up at 1 and 16 rows"
+# gpu_linear launches the kernel 22 times a shape and row count (q,k,v, o, gate,up; 1, 4, 16).
+for skip in 132 176; do
+  KVB_BENCH_BACKEND=cuda KVB_BENCH_DTYPE=f16 timeout 120 /usr/local/cuda/bin/ncu \
+    --kernel-name regex:projection --launch-skip $skip --launch-count 1 --section SpeedOfLight \
+    --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis "$B/gpu_linear" --bench \
+    2>&1 | grep -vE '^\||^==PROF== (Profiling|Disconnected)' | grep -v '^\s*$' | head -70
+done
+fi
+
+want models || want batch || want long || want alt || want stacks || want kvb || want layouts || want profile || want host || want decode || want llama || want diag || want launches || { step done; exit 0; }
 step "models (random weights, real shapes)"
 M=/tmp/shapes
 mkdir -p $M
@@ -78,7 +94,7 @@ else
 fi
 timeout 60 python3 xtask/shapes/make_shape.py --shape smollm2-135m --quant "$Q1" \
   --tokenizer-from "$B/smollm2-tokenizer.gguf" --out $M "${QUANT[@]}" 2>&1 | tail -2
-want llama || want kvb || want layouts || want profile || want host || want decode && timeout 150 python3 xtask/shapes/make_shape.py --shape llama3.2-1b --quant "$Q2" \
+want llama || want batch || want long || want alt || want stacks || want kvb || want layouts || want profile || want host || want decode && timeout 150 python3 xtask/shapes/make_shape.py --shape llama3.2-1b --quant "$Q2" \
   --tokenizer-from "$B/smollm2-tokenizer.gguf" --out $M "${QUANT[@]}" 2>&1 | tail -2
 ls -la $M
 
@@ -95,7 +111,7 @@ Q=bench/results/2026-11-26-gpu
 replay() { # model tag dtype requests [extra args]
   local m=$1 tag=$2 dtype=$3 req=$4; shift 4
   [ "$(left)" -gt 40 ] || { echo "skipped $tag: out of time"; return; }
-  RUST_BACKTRACE=1 timeout $(($(left) - 20)) "$B/kvb" replay --model $M/$m.gguf --backend cuda \
+  RUST_BACKTRACE=1 timeout $(($(left) - 20)) "${KVB_BIN:-$B/kvb}" replay --model $M/$m.gguf --backend cuda \
     --dtype $dtype --requests $Q/$req --out $R/$m-$tag.jsonl --summary $R/$m-$tag.summary.json \
     "$@" 2> $R/$m-$tag.stderr
   grep -v '^\s*$' $R/$m-$tag.stderr | tail -3
@@ -153,6 +169,10 @@ for m in $MODELS; do
 done
 cd - > /dev/null
 fi
+if want long; then
+step "kvb CUDA: cold prefill of 4,085 tokens and decode after it, each shape"
+for m in $MODELS; do replay $m f16-4096 f16 requests-4096.jsonl --mode baseline; done
+fi
 if want decode; then
 step "kvb CUDA, the larger shape: 1 and 16 clients"
 BIG=${MODELS##* }
@@ -172,6 +192,40 @@ if command -v nsys > /dev/null; then
 else
   echo "no nsys; $(ls /usr/local/cuda/bin 2>/dev/null | tr '\n' ' ')"; command -v perf gdb || true
 fi
+fi
+if want stacks; then
+step "host stacks while the 1B shape decodes (a debugger's samples; no perf here)"
+BIG=${MODELS##* }
+# WARMUP covers loading and the first compile; STACK_BINS names the kvb builds to sample.
+for bin in ${STACK_BINS:-kvb}; do
+  [ -x "$B/$bin" ] || continue
+  echo "### $bin"
+  PATH=$PATH:/usr/local/cuda/bin WARMUP=${WARMUP:-30} SAMPLES=${SAMPLES:-10} timeout 150 \
+    python3 bench/gpu/stack_samples.py "$B/$bin" generate --model $M/$BIG.gguf --backend cuda \
+    --dtype f16 --prompt "The history of the city" --max-new-tokens 5000 2>&1 | tee $R/stacks-$bin-$BIG.txt | head -60
+done
+fi
+if want batch; then
+step "kvb CUDA, the larger shape: 1 and 16 sequences decoding together (128 tokens, two rounds)"
+BIG=${MODELS##* }
+QB=bench/results/2026-11-27-gpu-decode
+for bin in ${BATCH_BINS:-kvb}; do
+  [ -x "$B/$bin" ] || continue
+  for c in 1 16; do KVB_BIN=$B/$bin Q=$QB replay $BIG $bin-batch$c f16 requests-batch-$c.jsonl; done
+  python3 - $R/$BIG-$bin-batch1.jsonl $R/$BIG-$bin-batch16.jsonl <<'EOF2'
+import json, statistics, sys
+rates = []
+for path in sys.argv[1:]:
+    second = [r for r in map(json.loads, open(path)) if r["id"].endswith("r1")]
+    rates.append((len(second), statistics.median(r["tokens_per_sec"] for r in second)))
+(n1, one), (n16, each) = rates
+print(f"second round: 1 sequence {one:.1f} tok/s; {n16} sequences {each:.1f} each, {each * n16:.0f} aggregate = {each * n16 / one:.1f}x")
+EOF2
+done
+fi
+if want alt && [ -x "$B/kvb-st" ]; then
+step "kvb-st (CubeCL's device tasks on the caller's thread, no runner thread): decode after 4,085 tokens"
+for m in $MODELS; do KVB_BIN=$B/kvb-st replay $m st-f16-4096 f16 requests-4096.jsonl --mode baseline; done
 fi
 if want extra; then
 step "kvb CUDA, the default shape: without tensor cores, and f32"

@@ -8,7 +8,8 @@ use crate::result::{GenerationResult, Started};
 use crate::sequence::{Sequence, Work};
 use crate::EngineError;
 use kvb_model::generate::{
-    logits_to_vec, token_logprobs, top_candidates, Candidates, Next, TokenConstraint, MAX_DEVICE_K,
+    logits_rows_to_vec, logits_to_vec, token_logprobs, top_candidates, Candidates, Next,
+    TokenConstraint, MAX_DEVICE_K,
 };
 use kvb_model::{ForwardBatch, LogitsFor, ModelBackend, SeqRows};
 use std::time::Instant;
@@ -54,6 +55,28 @@ enum Sampled {
     Logits(Vec<f32>),
     /// Their best tokens, chosen on the device.
     Candidates(Candidates),
+    /// Every row's best tokens chosen on the device, and the logits of the sampled rows listed
+    /// (by their order among the sampled rows), one after the other.
+    Mixed {
+        candidates: Candidates,
+        logits: Vec<f32>,
+        rows: Vec<usize>,
+    },
+}
+
+/// How a step's sampled rows come back from a GPU: `k` candidates a row, and the logits of
+/// `logits_rows` (indices among the sampled rows) besides.
+struct DeviceChoice {
+    k: usize,
+    logits_rows: Vec<usize>,
+}
+
+/// Row `row`'s candidates as what a sequence samples from.
+fn from_candidates(c: &Candidates, row: usize) -> Next<'_> {
+    Next::Candidates {
+        ids: c.ids(row),
+        values: c.values(row),
+    }
 }
 
 /// A sequence's rows in this step.
@@ -215,9 +238,14 @@ impl<B: ModelBackend> Scheduler<B> {
                     if m.sample {
                         let next = match &sampled {
                             Sampled::Logits(l) => Next::Logits(&l[row * vocab..(row + 1) * vocab]),
-                            Sampled::Candidates(c) => Next::Candidates {
-                                ids: c.ids(row),
-                                values: c.values(row),
+                            Sampled::Candidates(c) => from_candidates(c, row),
+                            Sampled::Mixed {
+                                candidates,
+                                logits,
+                                rows,
+                            } => match rows.iter().position(|&r| r == row) {
+                                Some(i) => Next::Logits(&logits[i * vocab..(i + 1) * vocab]),
+                                None => from_candidates(candidates, row),
                             },
                         };
                         row += 1;
@@ -252,16 +280,18 @@ impl<B: ModelBackend> Scheduler<B> {
         self.running = running;
     }
 
-    /// Candidates per row when every sampled row of the step can choose its token on the
-    /// device (a decode row whose request keeps no logits, asks no log-probabilities and samples
-    /// greedily or from a top-k of at most [`MAX_DEVICE_K`]): 1 when all are greedy, else
-    /// [`MAX_DEVICE_K`]. `None` reads the logits.
-    fn device_candidates(&self, running: &[Sequence], members: &[Member]) -> Option<usize> {
+    /// Which sampled rows of the step choose their token on the device (a decode row whose
+    /// request keeps no logits, asks no log-probabilities and samples greedily or from a top-k
+    /// of at most [`MAX_DEVICE_K`]), with candidates per row (1 when all of those are greedy,
+    /// else [`MAX_DEVICE_K`]); the others read their logits, and only theirs. `None` (the CPU,
+    /// or no row that can) reads every row's logits.
+    fn device_candidates(&self, running: &[Sequence], members: &[Member]) -> Option<DeviceChoice> {
         if !B::samples_on_device() {
             return None;
         }
         let mut k = 1;
-        for m in members.iter().filter(|m| m.sample) {
+        let mut logits_rows = Vec::new();
+        for (row, m) in members.iter().filter(|m| m.sample).enumerate() {
             let s = &running[m.seq];
             let sampler = s.run.sampler();
             let needs_logits = s.options.keep_logits
@@ -269,13 +299,13 @@ impl<B: ModelBackend> Scheduler<B> {
                 || s.stats.first_token_at.is_none()
                 || !s.run.fits_candidates(MAX_DEVICE_K);
             if needs_logits {
-                return None;
-            }
-            if sampler.candidates_needed() > 1 {
+                logits_rows.push(row);
+            } else if sampler.candidates_needed() > 1 {
                 k = MAX_DEVICE_K;
             }
         }
-        Some(k)
+        let sampled = members.iter().filter(|m| m.sample).count();
+        (logits_rows.len() < sampled).then_some(DeviceChoice { k, logits_rows })
     }
 
     /// The forward pass of a step; returns what its sampled rows need, row after row.
@@ -322,7 +352,14 @@ impl<B: ModelBackend> Scheduler<B> {
         }))
         .map_err(|_| EngineError::Internal("the forward pass panicked".into()))??;
         Ok(match candidates {
-            Some(k) if out.dims()[0] > 0 => Sampled::Candidates(top_candidates(out, k)?),
+            Some(c) if c.logits_rows.is_empty() && out.dims()[0] > 0 => {
+                Sampled::Candidates(top_candidates(out, c.k)?)
+            }
+            Some(c) if out.dims()[0] > 0 => Sampled::Mixed {
+                candidates: top_candidates(out.clone(), c.k)?,
+                logits: logits_rows_to_vec(out, &c.logits_rows)?,
+                rows: c.logits_rows,
+            },
             _ => Sampled::Logits(logits_to_vec(out)?),
         })
     }

@@ -60,7 +60,12 @@ pub fn around(before: (u32, usize), doc: &[u32], after: (u32, usize)) -> Vec<u32
     p
 }
 
+/// The largest difference between two logit vectors; infinite when their lengths differ (a
+/// missing vector must not pass as an equal one).
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    if a.len() != b.len() {
+        return f32::INFINITY;
+    }
     a.iter()
         .zip(b)
         .map(|(x, y)| (x - y).abs())

@@ -19,7 +19,7 @@ use crate::kv_cache::KvCache;
 use crate::model::{LogitsFor, Model, ModelBackend};
 use crate::tokenizer::Tokenizer;
 use burn::tensor::backend::Backend;
-use burn::tensor::Tensor;
+use burn::tensor::{Int, Tensor, TensorData};
 use std::time::{Duration, Instant};
 
 /// What to generate.
@@ -108,6 +108,24 @@ pub fn eos_ids(model_eos: &[u32], tokenizer: &Tokenizer) -> Vec<u32> {
 /// The values of a `[1, vocab]` logits tensor on the host.
 pub fn logits_to_vec<B: Backend>(logits: Tensor<B, 2>) -> Result<Vec<f32>> {
     Ok(crate::to_host_f32(logits))
+}
+
+/// The values of some rows of a `[rows, vocab]` logits tensor on the host, in the order of
+/// `rows`: on a GPU a step whose other rows chose their tokens there reads only these (a
+/// sequence's first token keeps its logits), not a vocabulary for every row.
+pub fn logits_rows_to_vec<B: Backend>(logits: Tensor<B, 2>, rows: &[usize]) -> Result<Vec<f32>> {
+    let [count, _] = logits.dims();
+    if let Some(&r) = rows.iter().find(|&&r| r >= count) {
+        return Err(ModelError::Forward(format!("logits row {r} of {count}")));
+    }
+    if rows.len() == count && rows.iter().enumerate().all(|(i, &r)| i == r) {
+        return logits_to_vec(logits);
+    }
+    let idx: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
+    let idx = Tensor::<B, 1, Int>::from_data(TensorData::new(idx, [rows.len()]), &logits.device());
+    kvb_attn::host_work::uploaded(1);
+    kvb_attn::host_work::launched(1);
+    logits_to_vec(logits.select(0, idx))
 }
 
 /// Continues a sequence whose prompt already sits in `cache`, starting from the logits of its

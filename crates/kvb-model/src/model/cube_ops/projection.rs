@@ -4,11 +4,13 @@
 //! decode step (`bench/results/2026-11-26-gpu-products`), where this kernel launches as cheaply
 //! as the elementwise ones.
 //!
-//! A group of 32 units takes one output: each unit reads every 32nd vector of the output's
-//! weight row (consecutive units, consecutive vectors: coalesced), multiplies it with the same
-//! vector of every input row and keeps one f32 sum per row; the group then adds its 32 sums,
-//! with one plane operation where the device's planes are 32 wide and in shared memory
-//! elsewhere (lavapipe has no plane operations).
+//! A group of 32 units takes one output, or a few neighbouring ones when there are several
+//! rows: each unit reads every 32nd vector of the outputs' weight rows (consecutive units,
+//! consecutive vectors: coalesced), multiplies them with the same vector of every input row and
+//! keeps one f32 sum per row and output; the group then adds its 32 sums, with one plane
+//! operation where the device's planes are 32 wide and in shared memory elsewhere (lavapipe has
+//! no plane operations). Several outputs a group let one input vector loaded serve several
+//! weight rows: at 16 rows and one output a group, input loads outnumbered weight loads 16 to 1.
 
 use burn::tensor::DType;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
@@ -32,13 +34,14 @@ fn projection_kernel<F: Float, A: Float, N: Size>(
     w: &Tensor<Vector<F, N>>, // [n, k], the same: the weight's [out, in]
     out: &mut Tensor<F>,      // [m, n], contiguous
     #[comptime] rows: usize,
+    #[comptime] outputs: usize,
     #[comptime] plane: bool,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
     let lane = UNIT_POS_X as usize;
     let slot = UNIT_POS_Y as usize;
     let group = CUBE_DIM_X as usize;
-    let col = CUBE_POS_X as usize * CUBE_DIM_Y as usize + slot;
+    let first = (CUBE_POS_X as usize * CUBE_DIM_Y as usize + slot) * outputs;
     let m = x.shape(0);
     let n = w.shape(0);
     let k_vectors = w.shape(1) / w.vector_size();
@@ -46,23 +49,32 @@ fn projection_kernel<F: Float, A: Float, N: Size>(
     let x_row = x.stride(0) / x.vector_size();
     let w_row = w.stride(0) / w.vector_size();
 
-    // One scalar sum per row: vector sums for 16 rows held 128 registers a unit, too few units
-    // then fit an SM to keep the loads in flight (a third of the bandwidth on an H100).
-    let mut acc = Array::<A>::new(rows);
+    // One scalar sum per row and output: vector sums for 16 rows held 128 registers a unit, too
+    // few units then fit an SM to keep the loads in flight (a third of an H100's bandwidth).
+    let mut acc = Array::<A>::new(rows * outputs);
     #[unroll]
-    for r in 0..rows {
-        acc[r] = A::new(0.0);
+    for a in 0..rows * outputs {
+        acc[a] = A::new(0.0);
     }
-    if col < n {
+    let mut wv = Array::<Vector<A, N>>::new(outputs);
+    if first < n {
         let steps = (k_vectors + group - 1 - lane) / group;
         for s in 0..steps {
             let i = lane + s * group;
-            let wv = Vector::<A, N>::cast_from(w[col * w_row + i]);
+            // A group's outputs past the last reread the last row; their sums are not written.
+            #[unroll]
+            for o in 0..outputs {
+                let col = (first + o).min(n - 1);
+                wv[o] = Vector::<A, N>::cast_from(w[col * w_row + i]);
+            }
             #[unroll]
             for r in 0..rows {
                 if r < m {
                     let xv = Vector::<A, N>::cast_from(x[r * x_row + i]);
-                    acc[r] += A::cast_from(Vector::vector_sum(xv * wv));
+                    #[unroll]
+                    for o in 0..outputs {
+                        acc[r * outputs + o] += A::cast_from(Vector::vector_sum(xv * wv[o]));
+                    }
                 }
             }
         }
@@ -71,41 +83,73 @@ fn projection_kernel<F: Float, A: Float, N: Size>(
     if plane {
         #[unroll]
         for r in 0..rows {
-            let total = plane_sum(acc[r]);
-            if lane == 0 && col < n && r < m {
-                out[r * n + col] = F::cast_from(total);
+            #[unroll]
+            for o in 0..outputs {
+                let total = plane_sum(acc[r * outputs + o]);
+                if lane == 0 && first + o < n && r < m {
+                    out[r * n + first + o] = F::cast_from(total);
+                }
             }
         }
     } else {
-        // One tree per output over its group's units; every unit reaches every barrier.
+        // One tree per sum over its group's units; every unit reaches every barrier.
         let units = comptime!(GROUP * OUTPUTS_PER_CUBE);
-        let mut sums = SharedMemory::<A>::new(rows * units);
+        let sums_per_unit = comptime!(rows * outputs);
+        let mut sums = SharedMemory::<A>::new(sums_per_unit * units);
         let unit = slot * group + lane;
         #[unroll]
-        for r in 0..rows {
-            sums[r * units + unit] = acc[r];
+        for a in 0..sums_per_unit {
+            sums[a * units + unit] = acc[a];
         }
         sync_cube();
         let mut half = group / 2;
         while half > 0 {
             if lane < half {
                 #[unroll]
-                for r in 0..rows {
-                    sums[r * units + unit] = sums[r * units + unit] + sums[r * units + unit + half];
+                for a in 0..sums_per_unit {
+                    sums[a * units + unit] = sums[a * units + unit] + sums[a * units + unit + half];
                 }
             }
             sync_cube();
             half /= 2;
         }
-        if lane == 0 && col < n {
+        if lane == 0 {
             #[unroll]
             for r in 0..rows {
-                if r < m {
-                    out[r * n + col] = F::cast_from(sums[r * units + unit]);
+                #[unroll]
+                for o in 0..outputs {
+                    if first + o < n && r < m {
+                        out[r * n + first + o] =
+                            F::cast_from(sums[(r * outputs + o) * units + unit]);
+                    }
                 }
             }
         }
     }
+}
+
+/// Outputs one group takes for `rows` rows: one up to 4 rows, two beyond, so that each input
+/// vector loaded serves two weight rows. On an H100 at 16 rows two took a 1B layer's four
+/// products in 534 us where one took 692 and four 682: four sums of 16 rows spill registers
+/// (`bench/results/2026-11-27-gpu-decode`). Where there are no plane operations the group's
+/// sums go through shared memory, which bounds them. `KVB_PROJECTION_OUTPUTS` (1, 2, 4 or 8)
+/// overrides the choice, to compare on a device.
+fn outputs_for(rows: usize, plane: bool, shared_bytes: usize) -> usize {
+    static OVERRIDE: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let chosen = OVERRIDE
+        .get_or_init(|| {
+            std::env::var("KVB_PROJECTION_OUTPUTS")
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+                .filter(|o| [1, 2, 4, 8].contains(o))
+        })
+        .unwrap_or(if rows <= 4 { 1 } else { 2 });
+    let fits = |o: usize| plane || rows * o * GROUP * OUTPUTS_PER_CUBE * 4 <= shared_bytes;
+    let mut outputs = chosen;
+    while outputs > 1 && !fits(outputs) {
+        outputs /= 2;
+    }
+    outputs
 }
 
 /// Whether [`launch`] takes `x` `[m, k]` times the transpose of `w` `[n, k]`: at most
@@ -168,15 +212,18 @@ pub(super) fn launch<R: CubeRuntime>(x: CubeTensor<R>, w: CubeTensor<R>) -> Cube
     let plane = props.features.plane.contains(Plane::Ops)
         && props.hardware.plane_size_min as usize == GROUP
         && props.hardware.plane_size_max as usize == GROUP;
+    let rows = m.next_power_of_two();
+    let outputs = outputs_for(rows, plane, props.hardware.max_shared_memory_size);
     projection_kernel::launch::<R>(
         &x.client,
-        CubeCount::Static(n.div_ceil(OUTPUTS_PER_CUBE) as u32, 1, 1),
+        CubeCount::Static(n.div_ceil(OUTPUTS_PER_CUBE * outputs) as u32, 1, 1),
         CubeDim::new_2d(GROUP as u32, OUTPUTS_PER_CUBE as u32),
         vector,
         x.clone().into_tensor_arg(),
         w.into_tensor_arg(),
         out.clone().into_tensor_arg(),
-        m.next_power_of_two(),
+        rows,
+        outputs,
         plane,
         [dtype.into(), DType::F32.into()],
     );
