@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{client, sse_data, tiny_server, Server};
+use common::{client, post_streaming, sse_data, tiny_server, Server};
 use serde_json::{json, Value};
 
 fn post(s: &Server, body: &Value) -> (u16, Value) {
@@ -37,14 +37,12 @@ fn answer(s: &Server, body: &Value) -> (String, String) {
 
 /// The streamed answer's text, its pieces joined.
 fn streamed(s: &Server, body: &Value) -> String {
-    let mut body = body.clone();
-    body["stream"] = json!(true);
     let path = if body.get("messages").is_some() {
         "/v1/chat/completions"
     } else {
         "/v1/completions"
     };
-    let r = client().post(s.url(path)).json(&body).send().unwrap();
+    let r = post_streaming(s, path, body);
     assert_eq!(r.status().as_u16(), 200);
     let mut text = String::new();
     for d in sse_data(&r.text().unwrap())

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{client, sse_data, tiny_model, tiny_server, Server};
+use common::{client, post_streaming, sse_data, tiny_model, tiny_server, Server};
 use serde_json::{json, Value};
 
 fn post(s: &Server, path: &str, body: &Value) -> (u16, reqwest::header::HeaderMap, Value) {
@@ -161,13 +161,8 @@ fn streaming_sends_a_chunk_per_token_then_the_finish_then_usage_then_done() {
     let (_d, s) = tiny_server(&[]);
     let (_, _, whole) = post(&s, "/v1/chat/completions", &chat("Name three colours.", 12));
     let mut req = chat("Name three colours.", 12);
-    req["stream"] = json!(true);
     req["stream_options"] = json!({"include_usage": true});
-    let r = client()
-        .post(s.url("/v1/chat/completions"))
-        .json(&req)
-        .send()
-        .unwrap();
+    let r = post_streaming(&s, "/v1/chat/completions", &req);
     assert_eq!(r.status().as_u16(), 200);
     assert!(r.headers()["content-type"]
         .to_str()
@@ -379,13 +374,8 @@ fn a_request_past_its_timeout_gets_504_and_its_blocks_are_freed() {
     );
     assert_eq!(status, 504, "{v}");
     assert_eq!(v["error"]["code"], "timeout");
-    let mut req = chat("Tell me another long story.", 200);
-    req["stream"] = json!(true);
-    let r = client()
-        .post(s.url("/v1/chat/completions"))
-        .json(&req)
-        .send()
-        .unwrap();
+    let req = chat("Tell me another long story.", 200);
+    let r = post_streaming(&s, "/v1/chat/completions", &req);
     assert_eq!(r.status().as_u16(), 504);
     // The cancelled sequences are gone.
     let stats = s.idle();

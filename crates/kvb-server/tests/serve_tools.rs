@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{client, sse_data, tiny_server, Server};
+use common::{client, post_streaming, sse_data, tiny_server, Server};
 
 /// `kvb serve` on the default model, served as `tiny` like the rest of these requests.
 fn default_server() -> Server {
@@ -73,13 +73,7 @@ fn request(choice: Value, seed: u64) -> Value {
 
 /// The calls of a streamed answer (name, arguments), and its finish reason.
 fn streamed_calls(s: &Server, body: &Value) -> (Vec<(String, String)>, String) {
-    let mut body = body.clone();
-    body["stream"] = json!(true);
-    let r = client()
-        .post(s.url("/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .unwrap();
+    let r = post_streaming(s, "/v1/chat/completions", body);
     assert_eq!(r.status().as_u16(), 200);
     let (mut calls, mut finish) = (Vec::new(), String::new());
     for d in sse_data(&r.text().unwrap())

@@ -175,6 +175,17 @@ pub fn client() -> reqwest::blocking::Client {
         .unwrap()
 }
 
+/// `body` posted to `path` with `"stream": true`: the response, its events not yet read.
+pub fn post_streaming(
+    s: &Server,
+    path: &str,
+    body: &serde_json::Value,
+) -> reqwest::blocking::Response {
+    let mut body = body.clone();
+    body["stream"] = serde_json::json!(true);
+    client().post(s.url(path)).json(&body).send().unwrap()
+}
+
 /// The `data:` payloads of a server-sent event body, in order.
 pub fn sse_data(body: &str) -> Vec<String> {
     body.lines()
