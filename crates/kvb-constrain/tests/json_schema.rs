@@ -65,8 +65,12 @@ fn valid(v: &Value, schema: &Value) -> bool {
         Some("string") => v
             .as_str()
             .is_some_and(|s| s.chars().count() as u64 <= schema["maxLength"].as_u64().unwrap()),
-        Some("integer") => v.as_i64().is_some_and(|n| {
-            n >= schema["minimum"].as_i64().unwrap() && n <= schema["maximum"].as_i64().unwrap()
+        // JSON Schema's integers are integral numbers, `-0` among them (serde_json reads it as
+        // a float, as it must to keep the sign).
+        Some("integer") => v.as_f64().is_some_and(|n| {
+            n.fract() == 0.0
+                && n >= schema["minimum"].as_f64().unwrap()
+                && n <= schema["maximum"].as_f64().unwrap()
         }),
         Some("boolean") => v.is_boolean(),
         Some("null") => v.is_null(),
