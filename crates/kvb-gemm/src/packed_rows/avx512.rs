@@ -35,7 +35,7 @@ unsafe fn run_pairs<const R: usize, const P: usize>(a: &Set) {
     let cells = a.k / rows;
     let per_block = KC / rows;
     let mut acc = [[_mm512_setzero_ps(); P]; R];
-    let low = _mm512_set1_epi32(0x0f);
+    let nibble_values = kcells::avx512::nibble_values();
     for c in 0..cells {
         let mut head = [[std::ptr::null::<u8>(); 2]; P];
         for (i, h) in head.iter_mut().enumerate() {
@@ -81,12 +81,13 @@ unsafe fn run_pairs<const R: usize, const P: usize>(a: &Set) {
                             q[i] = _mm512_cvtepu8_epi32(bytes16(h[0].add(at), h[1].add(at)));
                         }
                         for i in 0..P {
-                            let lo = _mm512_cvtepi32_ps(_mm512_and_si512(q[i], low));
+                            let lo = _mm512_permutexvar_ps(q[i], nibble_values);
                             wv[i] = _mm512_fmadd_ps(scale[i], lo, offset[i]);
                         }
                         multiply_into(&mut acc, &wv, |r| xrow(r, 2 * p));
                         for i in 0..P {
-                            let hi = _mm512_cvtepi32_ps(_mm512_srli_epi32::<4>(q[i]));
+                            let hi = _mm512_srli_epi32::<4>(q[i]);
+                            let hi = _mm512_permutexvar_ps(hi, nibble_values);
                             wv[i] = _mm512_fmadd_ps(scale[i], hi, offset[i]);
                         }
                         multiply_into(&mut acc, &wv, |r| xrow(r, 2 * p + 1));
