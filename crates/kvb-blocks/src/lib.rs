@@ -14,10 +14,11 @@
 //! Promises (model-based property test, `tests/block_manager.rs`): counts never leak (after every
 //! sequence ends and the tree is cleared, every block is free); a block a sequence writes is held
 //! by nobody else; the tree returns the longest resident prefix; the budget is never exceeded;
-//! eviction never takes a block a sequence holds.
+//! eviction never takes a block a sequence holds; a lookup in one [`Scope`] (a tenant) never
+//! returns a block indexed in another.
 //!
 //! ```
-//! use kvb_blocks::{BlockManager, IndexCursor};
+//! use kvb_blocks::{BlockManager, IndexCursor, Scope};
 //! let mut pool = BlockManager::new(4, 8); // blocks of 4 token slots, at most 8 blocks
 //! let prompt: Vec<u32> = (0..10).collect();
 //! // A first request: 3 fresh blocks, written with its K/V, then indexed by their tokens.
@@ -26,7 +27,7 @@
 //! pool.index_sequence(&mut cursor, &prompt, &mut table, prompt.len(), prompt.len(), true);
 //! pool.release(&table); // the request ends; its blocks stay resident in the tree
 //! // A second request with the same first 8 tokens finds 2 full blocks to read in place.
-//! let hit = pool.lookup(&[0, 1, 2, 3, 4, 5, 6, 7, 42], false);
+//! let hit = pool.lookup(Scope::SHARED, &[0, 1, 2, 3, 4, 5, 6, 7, 42], false);
 //! assert_eq!(hit.blocks, table[..2]);
 //! pool.retain(&hit.blocks);
 //! assert_eq!(pool.refcount(hit.blocks[0]), 2); // the tree's reference and the new table's
@@ -42,25 +43,35 @@ mod allocator;
 mod radix;
 
 pub use allocator::{BlockAllocator, BlockId};
-pub use radix::{BlockTree, Insertion, NodeId, Removed, TreeMatch, ROOT};
+pub use radix::{BlockTree, Insertion, NodeId, Removed, Scope, TreeMatch, ROOT};
 
 /// How far a sequence's blocks are indexed in the tree: the node of its last indexed block and
-/// how many blocks of its table are indexed (or were read from the tree).
+/// how many blocks of its table are indexed (or were read from the tree), in its scope.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IndexCursor {
+    /// The scope the sequence's path is indexed in.
+    pub scope: Scope,
     /// The node of the last indexed block ([`ROOT`] when none is).
     pub node: NodeId,
     /// Blocks of the table indexed (or read from the tree), from the first.
     pub indexed: usize,
 }
 
-impl Default for IndexCursor {
-    /// Nothing indexed: at the root.
-    fn default() -> Self {
+impl IndexCursor {
+    /// Nothing indexed yet: at the root, in `scope`.
+    pub fn at_root(scope: Scope) -> Self {
         IndexCursor {
+            scope,
             node: ROOT,
             indexed: 0,
         }
+    }
+}
+
+impl Default for IndexCursor {
+    /// Nothing indexed: at the root, in the shared scope.
+    fn default() -> Self {
+        IndexCursor::at_root(Scope::SHARED)
     }
 }
 
@@ -165,12 +176,14 @@ impl BlockManager {
         self.alloc.refcount(block)
     }
 
-    /// The longest resident prefix of `tokens` (nothing is retained: see [`BlockManager::retain`]).
-    pub fn lookup(&mut self, tokens: &[u32], allow_approximate: bool) -> TreeMatch {
-        self.tree.lookup(tokens, allow_approximate)
+    /// The longest resident prefix of `tokens` in `scope` (nothing is retained: see
+    /// [`BlockManager::retain`]).
+    pub fn lookup(&mut self, scope: Scope, tokens: &[u32], allow_approximate: bool) -> TreeMatch {
+        self.tree.lookup(scope, tokens, allow_approximate)
     }
 
-    /// Indexes a sequence's block `*block` (holding `tokens`, its K/V final) under `parent`, and
+    /// Indexes a sequence's block `*block` (holding `tokens`, its K/V final) under `parent` (in
+    /// `scope`), and
     /// returns the node it is now indexed as, for the next block's `parent` (`None`: the tokens
     /// are covered already, or `parent` is gone).
     ///
@@ -180,12 +193,13 @@ impl BlockManager {
     /// cannot be evicted under it. Only full, final blocks may be swapped: nothing writes them.
     pub fn index(
         &mut self,
+        scope: Scope,
         parent: NodeId,
         tokens: &[u32],
         block: &mut BlockId,
         approximate: bool,
     ) -> Option<NodeId> {
-        match self.insert(parent, tokens, *block, approximate) {
+        match self.insert(scope, parent, tokens, *block, approximate) {
             Insertion::Added(n) => Some(n),
             Insertion::Exists(n) => {
                 let theirs = self.tree.block(n);
@@ -224,6 +238,7 @@ impl BlockManager {
             }
             let approximate = to > exact_until;
             let node = self.index(
+                cursor.scope,
                 cursor.node,
                 &tokens[from..to],
                 &mut table[cursor.indexed],
@@ -232,7 +247,7 @@ impl BlockManager {
             match node {
                 Some(n) => cursor.node = n,
                 None if !self.tree.contains(cursor.node) => {
-                    *cursor = IndexCursor::default();
+                    *cursor = IndexCursor::at_root(cursor.scope);
                     continue;
                 }
                 None => break,
@@ -244,10 +259,11 @@ impl BlockManager {
         }
     }
 
-    /// Indexes `block` (holding `tokens`, its K/V final) under `parent`; on
+    /// Indexes `block` (holding `tokens`, its K/V final) under `parent` in `scope`; on
     /// [`Insertion::Added`] the tree takes a reference. Partial nodes it replaces are released.
     pub fn insert(
         &mut self,
+        scope: Scope,
         parent: NodeId,
         tokens: &[u32],
         block: BlockId,
@@ -256,7 +272,7 @@ impl BlockManager {
         let mut removed = Vec::new();
         let r = self
             .tree
-            .insert(parent, tokens, block, approximate, &mut removed);
+            .insert(scope, parent, tokens, block, approximate, &mut removed);
         for old in removed {
             self.drop_tree_reference(old.block);
         }

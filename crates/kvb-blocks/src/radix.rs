@@ -20,9 +20,23 @@ pub type NodeId = u64;
 /// The root: no block, no tokens.
 pub const ROOT: NodeId = 0;
 
+/// Whose blocks a path holds: prefixes are shared only within a scope, so one tenant's lookups
+/// never reach blocks another tenant's requests wrote. An opaque 32-byte tag (kvb uses its
+/// cache namespace's key); [`Scope::SHARED`] for a pool with one tenant.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Scope(pub [u8; 32]);
+
+impl Scope {
+    /// The scope of callers that name none.
+    pub const SHARED: Scope = Scope([0; 32]);
+}
+
 #[derive(Debug, Clone)]
 struct Node {
     parent: NodeId,
+    /// The scope of the path: the root's children are told apart by it, and every other node
+    /// inherits its parent's.
+    scope: Scope,
     block: BlockId,
     tokens: Vec<u32>,
     approximate: bool,
@@ -68,6 +82,8 @@ pub enum Insertion {
 /// A node removed by eviction or replacement: its block's tree reference is to be released.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Removed {
+    /// The scope of its path.
+    pub scope: Scope,
     /// The node's block.
     pub block: BlockId,
     /// Its path from the root: every block (its own last) ...
@@ -84,8 +100,8 @@ pub struct BlockTree {
     block_size: usize,
     nodes: HashMap<NodeId, Node>,
     next_id: NodeId,
-    /// Children by (parent, first token).
-    children: HashMap<(NodeId, u32), Vec<NodeId>>,
+    /// Children by (parent, scope, first token).
+    children: HashMap<(NodeId, Scope, u32), Vec<NodeId>>,
     clock: u64,
 }
 
@@ -98,6 +114,7 @@ impl BlockTree {
     pub fn new(block_size: usize) -> Self {
         let root = Node {
             parent: ROOT,
+            scope: Scope::SHARED,
             block: BlockId::MAX,
             tokens: Vec::new(),
             approximate: false,
@@ -168,10 +185,10 @@ impl BlockTree {
         id != ROOT && self.node(id).tokens.len() < self.block_size
     }
 
-    /// The longest resident prefix of `tokens`, block by block, then in part into one more block.
-    /// Approximate nodes are followed only with `allow_approximate`; among equal candidates the
-    /// exact one wins. Marks what it matched as just used.
-    pub fn lookup(&mut self, tokens: &[u32], allow_approximate: bool) -> TreeMatch {
+    /// The longest resident prefix of `tokens` in `scope`, block by block, then in part into one
+    /// more block. Approximate nodes are followed only with `allow_approximate`; among equal
+    /// candidates the exact one wins. Marks what it matched as just used.
+    pub fn lookup(&mut self, scope: Scope, tokens: &[u32], allow_approximate: bool) -> TreeMatch {
         let bs = self.block_size;
         let mut m = TreeMatch::default();
         let mut at = ROOT;
@@ -180,7 +197,7 @@ impl BlockTree {
         let mut all_exact = true;
         while pos < tokens.len() {
             let next = &tokens[pos..(pos + bs).min(tokens.len())];
-            let Some(candidates) = self.children.get(&(at, next[0])) else {
+            let Some(candidates) = self.children.get(&(at, scope, next[0])) else {
                 break;
             };
             // Best candidate: a full match of a full block (exact first), else the longest
@@ -236,11 +253,13 @@ impl BlockTree {
     }
 
     /// Adds `block` holding `tokens` (1 to `block_size` of them) under `parent`, which must be the
-    /// root or a full node. A full block replaces a partial sibling whose tokens it extends (the
-    /// replaced node is returned through `removed`); a partial block that an existing node
-    /// already covers is not taken; a parent that is gone takes nothing.
+    /// root (then `scope` says whose path it starts) or a full node (of `scope`). A full block
+    /// replaces a partial sibling whose tokens it extends (the replaced node is returned through
+    /// `removed`); a partial block that an existing node already covers is not taken; a parent
+    /// that is gone takes nothing.
     pub fn insert(
         &mut self,
+        scope: Scope,
         parent: NodeId,
         tokens: &[u32],
         block: BlockId,
@@ -255,9 +274,13 @@ impl BlockTree {
             return Insertion::Orphan;
         }
         assert!(!self.is_partial(parent), "a partial node has no children");
+        assert!(
+            parent == ROOT || self.node(parent).scope == scope,
+            "a path keeps its scope"
+        );
         let approximate = approximate || (parent != ROOT && self.node(parent).approximate);
         let now = self.tick();
-        let key = (parent, tokens[0]);
+        let key = (parent, scope, tokens[0]);
         let siblings = self.children.get(&key).cloned().unwrap_or_default();
         for &s in &siblings {
             let n = self.node(s);
@@ -285,6 +308,7 @@ impl BlockTree {
         }
         let node = Node {
             parent,
+            scope,
             block,
             tokens: tokens.to_vec(),
             approximate,
@@ -321,7 +345,7 @@ impl BlockTree {
         let (path_blocks, path_tokens) = self.path(id);
         let n = self.nodes.remove(&id).expect("a live node id");
         debug_assert_eq!(n.children, 0, "only leaves are removed");
-        let key = (n.parent, n.tokens[0]);
+        let key = (n.parent, n.scope, n.tokens[0]);
         if let Some(list) = self.children.get_mut(&key) {
             list.retain(|&c| c != id);
             if list.is_empty() {
@@ -330,6 +354,7 @@ impl BlockTree {
         }
         self.node_mut(n.parent).children -= 1;
         Removed {
+            scope: n.scope,
             block: n.block,
             path_blocks,
             path_tokens,
@@ -369,11 +394,11 @@ impl BlockTree {
         self.evict(usize::MAX, |_| true)
     }
 
-    /// Every node: its block, its path from the root (tokens) and whether it is approximate.
-    /// What the tree holds, for tests and checks.
-    pub fn entries(&self) -> Vec<(BlockId, Vec<u32>, bool)> {
+    /// Every node: its scope, its block, its path from the root (tokens) and whether it is
+    /// approximate. What the tree holds, for tests and checks.
+    pub fn entries(&self) -> Vec<(Scope, BlockId, Vec<u32>, bool)> {
         self.live()
-            .map(|(i, n)| (n.block, self.path(i).1, n.approximate))
+            .map(|(i, n)| (n.scope, n.block, self.path(i).1, n.approximate))
             .collect()
     }
 }

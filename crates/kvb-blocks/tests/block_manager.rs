@@ -1,9 +1,11 @@
 //! The block manager's promises, by a model-based property test: random sequences start (reusing
 //! resident prefixes), compute, finish, are cancelled; the tree is evicted and cleared. Each
 //! block carries shadow "K/V" (the token and position written in each slot), so a write that
-//! reached a block another sequence reads would show up as wrong content for that reader.
+//! reached a block another sequence reads would show up as wrong content for that reader. Each
+//! sequence belongs to one of a few tenants (scopes), and the shadow K/V records whose it is, so a
+//! block that crossed from one tenant to another would too.
 
-use kvb_blocks::{BlockId, BlockManager, IndexCursor, Insertion, Removed, ROOT};
+use kvb_blocks::{BlockId, BlockManager, IndexCursor, Insertion, Removed, Scope, ROOT};
 
 use proptest::prelude::*;
 use std::collections::HashMap;
@@ -11,8 +13,9 @@ use std::collections::HashMap;
 #[derive(Debug, Clone)]
 enum Op {
     /// A new sequence: the first `keep` tokens of an earlier sequence's tokens (if any), then
-    /// `fresh` new ones from `seed`; reads approximate blocks when `approx_ok`.
+    /// `fresh` new ones from `seed`; reads approximate blocks when `approx_ok`; for `tenant`.
     Start {
+        tenant: u8,
         from: usize,
         keep: usize,
         fresh: usize,
@@ -41,8 +44,8 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (0usize..8, 0usize..40, 0usize..30, 0u32..4, any::<bool>(), prop::option::of(0usize..40))
-            .prop_map(|(from, keep, fresh, seed, approx_ok, approximate_from)| Op::Start { from, keep, fresh, seed, approx_ok, approximate_from }),
+        4 => (0u8..3, 0usize..8, 0usize..40, 0usize..30, 0u32..4, any::<bool>(), prop::option::of(0usize..40))
+            .prop_map(|(tenant, from, keep, fresh, seed, approx_ok, approximate_from)| Op::Start { tenant, from, keep, fresh, seed, approx_ok, approximate_from }),
         4 => (0usize..8, 1usize..12).prop_map(|(seq, n)| Op::Advance { seq, n }),
         2 => (0usize..8).prop_map(|seq| Op::Finish { seq }),
         1 => (0usize..8).prop_map(|seq| Op::Cancel { seq }),
@@ -54,6 +57,7 @@ fn op() -> impl Strategy<Value = Op> {
 /// A running sequence of the model.
 #[derive(Debug)]
 struct Seq {
+    tenant: u8,
     tokens: Vec<u32>,
     table: Vec<BlockId>,
     /// Slots with K/V (read from the tree, copied, or computed).
@@ -67,8 +71,8 @@ struct Seq {
 struct World {
     m: BlockManager,
     bs: usize,
-    /// Shadow K/V: per block, per slot, the (token, position) written there.
-    content: HashMap<BlockId, Vec<Option<(u32, usize)>>>,
+    /// Shadow K/V: per block, per slot, the (token, position, tenant) written there.
+    content: HashMap<BlockId, Vec<Option<(u32, usize, u8)>>>,
     seqs: Vec<Option<Seq>>,
     /// Every sequence's tokens ever started (what new sequences extend).
     history: Vec<Vec<u32>>,
@@ -83,13 +87,25 @@ fn fresh_tokens(seed: u32, n: usize, salt: usize) -> Vec<u32> {
         .collect()
 }
 
+/// A tenant's scope: tenant 0 is the shared one.
+fn scope(tenant: u8) -> Scope {
+    if tenant == 0 {
+        Scope::SHARED
+    } else {
+        Scope([tenant; 32])
+    }
+}
+
+fn tenant_of(scope: Scope) -> u8 {
+    scope.0[0]
+}
+
 impl World {
     fn write(
         &mut self,
         block: BlockId,
         slot_in_block: usize,
-        token: u32,
-        position: usize,
+        (token, position, tenant): (u32, usize, u8),
     ) -> Result<(), TestCaseError> {
         prop_assert_eq!(
             self.m.refcount(block),
@@ -101,7 +117,7 @@ impl World {
             .content
             .entry(block)
             .or_insert_with(|| vec![None; self.bs]);
-        c[slot_in_block] = Some((token, position));
+        c[slot_in_block] = Some((token, position, tenant));
         Ok(())
     }
 
@@ -110,12 +126,13 @@ impl World {
         block: BlockId,
         tokens: &[u32],
         first_position: usize,
+        tenant: u8,
     ) -> Result<(), TestCaseError> {
         let c = self.content.get(&block).cloned().unwrap_or_default();
         for (i, &t) in tokens.iter().enumerate() {
             prop_assert_eq!(
                 c.get(i).copied().flatten(),
-                Some((t, first_position + i)),
+                Some((t, first_position + i, tenant)),
                 "block {} slot {}",
                 block,
                 i
@@ -126,6 +143,7 @@ impl World {
 
     fn start(
         &mut self,
+        tenant: u8,
         tokens: Vec<u32>,
         approx_ok: bool,
         approximate_from: Option<usize>,
@@ -135,10 +153,12 @@ impl World {
             return Ok(());
         }
         // The last token is always computed: look up all but it.
-        let m = self.m.lookup(&tokens[..tokens.len() - 1], approx_ok);
+        let m = self
+            .m
+            .lookup(scope(tenant), &tokens[..tokens.len() - 1], approx_ok);
         let mut table: Vec<BlockId> = m.blocks.clone();
         for (i, &b) in m.blocks.iter().enumerate() {
-            self.check_content(b, &tokens[i * bs..(i + 1) * bs], i * bs)?;
+            self.check_content(b, &tokens[i * bs..(i + 1) * bs], i * bs, tenant)?;
         }
         self.m.retain(&table);
         let mut computed = m.blocks.len() * bs;
@@ -153,11 +173,10 @@ impl World {
         if let Some((_, block, used)) = m.partial {
             // Copy-on-write of a block matched in part: its first `used` slots into our own.
             let src = self.content.get(&block).cloned().unwrap_or_default();
-            self.check_content(block, &tokens[computed..computed + used], computed)?;
+            self.check_content(block, &tokens[computed..computed + used], computed, tenant)?;
             let dst = table[computed / bs];
             for (i, v) in src.into_iter().take(used).enumerate() {
-                let (t, p) = v.expect("matched slots hold K/V");
-                self.write(dst, i, t, p)?;
+                self.write(dst, i, v.expect("matched slots hold K/V"))?;
             }
             computed += used;
         }
@@ -170,10 +189,12 @@ impl World {
         };
         self.history.push(tokens.clone());
         self.seqs.push(Some(Seq {
+            tenant,
             tokens,
             table,
             computed,
             cursor: IndexCursor {
+                scope: scope(tenant),
                 node,
                 indexed: m.blocks.len(),
             },
@@ -197,6 +218,7 @@ impl World {
                 s.table[b],
                 &s.tokens[b * bs..((b + 1) * bs).min(limit)],
                 b * bs,
+                s.tenant,
             )?;
         }
         self.m.index_sequence(
@@ -207,12 +229,13 @@ impl World {
             s.approximate_from,
             finish,
         );
-        // A table entry switched to the tree's copy holds the same tokens' K/V.
+        // A table entry switched to the tree's copy holds the same tokens' K/V, the tenant's own.
         for b in 0..limit.div_ceil(bs).min(s.table.len()) {
             self.check_content(
                 s.table[b],
                 &s.tokens[b * bs..((b + 1) * bs).min(limit)],
                 b * bs,
+                s.tenant,
             )?;
         }
         self.seqs[i] = Some(s);
@@ -241,9 +264,9 @@ impl World {
                 }
             }
             let block = s.table[slot / bs];
-            let token = s.tokens[slot];
+            let written = (s.tokens[slot], slot, s.tenant);
             self.seqs[i] = Some(s);
-            self.write(block, slot % bs, token, slot)?;
+            self.write(block, slot % bs, written)?;
             s = self.seqs[i].take().expect("put back above");
             s.computed += 1;
         }
@@ -275,7 +298,7 @@ impl World {
             }
         }
         let entries = self.m.tree().entries();
-        for (b, _, _) in &entries {
+        for (_, b, _, _) in &entries {
             *expected.entry(*b).or_default() += 1;
             prop_assert!(a.is_in_tree(*b));
         }
@@ -297,10 +320,10 @@ impl World {
             prop_assert!(!self.handed_out.contains(&b), "block {} was handed out", b);
             prop_assert_eq!(a.refcount(b), 0);
         }
-        // Every node's block holds its tokens.
-        for (b, path, _) in &entries {
+        // Every node's block holds its tokens, written by its scope's tenant.
+        for (scope, b, path, _) in &entries {
             let start = (path.len() - 1) / self.bs * self.bs;
-            self.check_content(*b, &path[start..], start)?;
+            self.check_content(*b, &path[start..], start, tenant_of(*scope))?;
         }
         // A block a running sequence will write is its alone.
         for s in self.seqs.iter().flatten() {
@@ -311,10 +334,23 @@ impl World {
         Ok(())
     }
 
-    /// The tree's answer equals the longest prefix found by brute force over its entries.
-    fn check_lookup(&mut self, probe: &[u32], approx_ok: bool) -> Result<(), TestCaseError> {
+    /// The tree's answer equals the longest prefix found by brute force over its entries in the
+    /// tenant's scope.
+    fn check_lookup(
+        &mut self,
+        tenant: u8,
+        probe: &[u32],
+        approx_ok: bool,
+    ) -> Result<(), TestCaseError> {
         let bs = self.bs;
-        let entries = self.m.tree().entries();
+        let entries: Vec<_> = self
+            .m
+            .tree()
+            .entries()
+            .into_iter()
+            .filter(|e| e.0 == scope(tenant))
+            .map(|(_, b, p, a)| (b, p, a))
+            .collect();
         let allowed = |approx: bool| approx_ok || !approx;
         let mut k = 0;
         while (k + 1) * bs <= probe.len()
@@ -342,7 +378,7 @@ impl World {
             })
             .filter(|&c| c > 0 && !(c == bs && rest.len() >= bs))
             .max();
-        let m = self.m.lookup(probe, approx_ok);
+        let m = self.m.lookup(scope(tenant), probe, approx_ok);
         prop_assert_eq!(m.blocks.len(), k, "full blocks matched");
         prop_assert_eq!(m.partial.map(|p| p.2), partial, "partial match");
         Ok(())
@@ -357,15 +393,15 @@ proptest! {
         bs in prop::sample::select(vec![1usize, 2, 4]),
         max_blocks in 4usize..40,
         ops in prop::collection::vec(op(), 1..60),
-        probes in prop::collection::vec((prop::collection::vec(0u32..6, 0..30), any::<bool>()), 1..4),
+        probes in prop::collection::vec((0u8..3, prop::collection::vec(0u32..6, 0..30), any::<bool>()), 1..4),
     ) {
         let mut w = World { m: BlockManager::new(bs, max_blocks), bs, content: HashMap::new(), seqs: Vec::new(), history: Vec::new(), handed_out: Default::default() };
         for op in ops {
             match op {
-                Op::Start { from, keep, fresh, seed, approx_ok, approximate_from } => {
+                Op::Start { tenant, from, keep, fresh, seed, approx_ok, approximate_from } => {
                     let mut tokens = w.history.get(from).map(|h| h[..keep.min(h.len())].to_vec()).unwrap_or_default();
                     tokens.extend(fresh_tokens(seed, fresh, w.history.len()));
-                    w.start(tokens, approx_ok, approximate_from)?;
+                    w.start(tenant, tokens, approx_ok, approximate_from)?;
                 }
                 Op::Advance { seq, n } => w.advance(seq, n)?,
                 Op::Finish { seq } => w.end(seq, true)?,
@@ -380,8 +416,8 @@ proptest! {
                 Op::Clear => w.m.clear(&mut |_: &Removed| {}),
             }
             w.check(max_blocks)?;
-            for (probe, approx_ok) in &probes {
-                w.check_lookup(probe, *approx_ok)?;
+            for (tenant, probe, approx_ok) in &probes {
+                w.check_lookup(*tenant, probe, *approx_ok)?;
             }
         }
         // Everything ends: every block comes back.
@@ -406,13 +442,13 @@ fn allocation_beyond_the_budget_fails_without_side_effects() {
     // Tree blocks nobody else reads are evicted for room, least recently used first, and seen.
     let a = m.allocate(1, &mut |_: &Removed| {}).unwrap()[0];
     let b = m.allocate(1, &mut |_: &Removed| {}).unwrap()[0];
-    let na = match m.insert(ROOT, &[1, 2, 3, 4], a, false) {
+    let na = match m.insert(Scope::SHARED, ROOT, &[1, 2, 3, 4], a, false) {
         Insertion::Added(n) => n,
         other => panic!("{other:?}"),
     };
-    m.insert(ROOT, &[5, 6, 7, 8], b, false);
+    m.insert(Scope::SHARED, ROOT, &[5, 6, 7, 8], b, false);
     m.release(&[a, b]);
-    m.lookup(&[5, 6, 7, 8, 9], false); // b used last
+    m.lookup(Scope::SHARED, &[5, 6, 7, 8, 9], false); // b used last
     let mut seen = Vec::new();
     let got = m
         .allocate(2, &mut |r: &Removed| {

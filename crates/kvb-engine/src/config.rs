@@ -356,6 +356,10 @@ pub struct GenerateOptions {
     /// Structured output: only text this grammar (a JSON schema, a regex, a Lark grammar)
     /// allows is generated, and generation ends once it is complete.
     pub grammar: Option<kvb_constrain::Grammar>,
+    /// Whose cache the request uses (a tenant, a cache salt): its K/V is keyed under the
+    /// engine's namespace scoped by these bytes, in the store's tiers and in the pool's tree, so
+    /// it is reused only by requests that name the same scope. `None`: the engine's shared cache.
+    pub cache_scope: Option<Vec<u8>>,
 }
 
 impl Default for GenerateOptions {
@@ -370,6 +374,7 @@ impl Default for GenerateOptions {
             keep_logits: false,
             logprobs: None,
             grammar: None,
+            cache_scope: None,
         }
     }
 }

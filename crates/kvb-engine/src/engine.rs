@@ -368,9 +368,13 @@ impl<B: ModelBackend> Engine<B> {
             )?),
             None => None,
         };
+        let namespace = match &request.options.cache_scope {
+            Some(scope) => shared.namespace.scoped(scope),
+            None => shared.namespace,
+        };
         prefetch_remote(
             &shared.store,
-            &shared.namespace,
+            &namespace,
             &shared.chunking,
             &request.tokens,
             request.options.mode,
@@ -394,7 +398,14 @@ impl<B: ModelBackend> Engine<B> {
             events: events_tx,
             state: state.clone(),
         };
-        let seq = Sequence::new(sink, request.tokens, request.options, request.arrival, run);
+        let seq = Sequence::new(
+            sink,
+            request.tokens,
+            request.options,
+            request.arrival,
+            run,
+            namespace,
+        );
         let wake = self.commands.clone();
         let handle = RequestHandle {
             id,

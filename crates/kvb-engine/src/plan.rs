@@ -4,7 +4,7 @@
 //! Pure over the block manager and the store (no model, no tensors), but for one callback: a
 //! chunk found by content that only the pool holds is written to the store first.
 
-use crate::blocks::{BlockId, BlockManager, NodeId, ROOT};
+use crate::blocks::{BlockId, BlockManager, NodeId, Scope, ROOT};
 use crate::config::{EngineConfig, GenerationMode};
 use crate::EngineError;
 use kvb_chunk::{split, ChunkConfig, ChunkStrategy};
@@ -66,6 +66,12 @@ impl Plan {
 /// (see [`crate::resident_chunks`]); returns whether the store now has that content.
 pub(crate) type StoreResident<'a> = &'a mut dyn FnMut(&ContentKey, &mut BlockManager) -> bool;
 
+/// The pool tree's scope of the requests keyed under `namespace`: a tenant's blocks are found
+/// only by its own requests, as its store entries are.
+pub(crate) fn pool_scope(namespace: &Namespace) -> Scope {
+    Scope(namespace.id().0)
+}
+
 /// The engine's view for planning.
 pub(crate) struct Planner<'a> {
     pub store: &'a ChunkStore,
@@ -92,7 +98,11 @@ impl Planner<'_> {
         let bs = blocks.block_size();
         let whole_only = mode == GenerationMode::PrefixCache;
         let allow_approximate = mode == GenerationMode::ChunkReuse && self.config.reuse_repaired;
-        let m = blocks.lookup(&tokens[..n - 1], allow_approximate);
+        let m = blocks.lookup(
+            pool_scope(self.namespace),
+            &tokens[..n - 1],
+            allow_approximate,
+        );
         plan.pool_blocks = m.blocks.clone();
         let node_of = |k: usize| if k == 0 { ROOT } else { m.nodes[k - 1] };
         if whole_only {

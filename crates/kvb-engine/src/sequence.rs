@@ -5,6 +5,7 @@ use crate::config::GenerateOptions;
 use crate::plan::Piece;
 use crate::request::Sink;
 use crate::result::{CachedTokens, StageTimes};
+use kvb_hash::Namespace;
 use kvb_model::generate::{Continuation, TokenLogprobs};
 use kvb_model::HostWork;
 use std::collections::VecDeque;
@@ -82,7 +83,10 @@ pub(crate) struct Sequence {
     pub work: VecDeque<Work>,
     /// Slots from here on do not hold exactly what a full prefill computes.
     pub exact_until: usize,
-    /// How far the table is indexed in the radix tree.
+    /// The namespace its cache keys come from (the engine's, or scoped per
+    /// [`GenerateOptions::cache_scope`]).
+    pub namespace: Namespace,
+    /// How far the table is indexed in the radix tree (in the namespace's scope).
     pub cursor: IndexCursor,
     pub run: Continuation,
     pub stats: SeqStats,
@@ -96,6 +100,7 @@ impl Sequence {
         options: GenerateOptions,
         arrival: Instant,
         run: Continuation,
+        namespace: Namespace,
     ) -> Self {
         let n = tokens.len();
         Sequence {
@@ -111,7 +116,8 @@ impl Sequence {
             filled: 0,
             work: VecDeque::new(),
             exact_until: usize::MAX,
-            cursor: IndexCursor::default(),
+            namespace,
+            cursor: IndexCursor::at_root(crate::plan::pool_scope(&namespace)),
             run,
             stats: SeqStats::default(),
         }
@@ -159,7 +165,7 @@ impl Sequence {
         self.filled = 0;
         self.work.clear();
         self.exact_until = usize::MAX;
-        self.cursor = IndexCursor::default();
+        self.cursor = IndexCursor::at_root(self.cursor.scope);
         self.prefill_len = self.tokens.len();
         self.stats.preemptions += 1;
     }

@@ -81,7 +81,7 @@ impl StoreWriter<'_> {
             return false;
         };
         let bs = blocks.block_size();
-        let m = blocks.lookup(&path, false);
+        let m = blocks.lookup(crate::plan::pool_scope(self.namespace), &path, false);
         let mut table = m.blocks[..m.exact_blocks].to_vec();
         let mut covered = m.exact_blocks * bs;
         // The partial block counts only after an all-exact run of full ones.

@@ -491,3 +491,56 @@ fn resident_kv_is_held_once_and_reaches_the_store_when_needed() {
         .unwrap();
     assert!(r.stored_chunks >= 5, "stored at once: {r:?}");
 }
+
+#[test]
+fn a_scoped_request_reuses_only_its_own_scopes_kv() {
+    let scoped = |scope: Option<&[u8]>, max_new_tokens| kvb_engine::GenerateOptions {
+        cache_scope: scope.map(<[u8]>::to_vec),
+        ..opts(GenerationMode::ChunkReuse, max_new_tokens)
+    };
+    let doc = prompt(40, 40);
+    let mut first = prompt(41, 3);
+    first.extend(&doc);
+    let moved = around((42, 11), &doc, (43, 4));
+    for keep_resident in [true, false] {
+        // Resident: hits come from the pool's tree (and, found by content, from the store once
+        // the resident path is written there); not resident: from the store only.
+        let e = engine(
+            "llama",
+            EngineConfig {
+                keep_resident,
+                ..config()
+            },
+        );
+        let run = |tokens: &[u32], scope: Option<&[u8]>| {
+            let r = e
+                .generate_tokens(tokens, &scoped(scope, 3), &mut |_| {})
+                .unwrap();
+            e.sync().unwrap();
+            r
+        };
+        let a = run(&first, Some(b"a"));
+        assert_eq!(a.cached_tokens, 0);
+        let again = run(&first, Some(b"a"));
+        assert!(again.cached_tokens >= first.len() - 1, "{again:?}");
+        assert_eq!(again.token_ids, a.token_ids);
+        for other in [Some(&b"b"[..]), None] {
+            let r = run(&first, other);
+            assert_eq!(r.cached_tokens, 0, "{other:?} reached scope a: {r:?}");
+            assert_eq!(
+                r.token_ids, a.token_ids,
+                "the cache never changes the answer"
+            );
+        }
+        // Found by content, at new positions, within the scope only.
+        let r = run(&moved, Some(b"a"));
+        assert!(
+            r.cached_tokens >= 32,
+            "keep_resident {keep_resident}: {r:?}"
+        );
+        // Everything the pool holds goes to the store under its own scope's keys.
+        e.flush().unwrap();
+        let r = run(&moved, Some(b"c"));
+        assert_eq!(r.cached_tokens, 0, "{r:?}");
+    }
+}

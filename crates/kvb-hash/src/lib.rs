@@ -125,6 +125,7 @@ key_type!(
 const NAMESPACE_CONTEXT: &str = "kvb 2026-11 namespace";
 const PREFIX_CONTEXT: &str = "kvb 2026-11 prefix key";
 const CONTENT_CONTEXT: &str = "kvb 2026-11 content key";
+const SCOPE_CONTEXT: &str = "kvb 2026-11 namespace scope";
 
 /// Feeds token ids as length-prefixed little-endian u32s.
 fn hash_tokens(hasher: &mut blake3::Hasher, tokens: &[u32]) {
@@ -217,6 +218,24 @@ impl Namespace {
     /// The namespace's own key (for logs and for stores that keep several namespaces apart).
     pub fn id(&self) -> Key {
         self.root
+    }
+
+    /// The namespace whose key is `id` (what [`Namespace::id`] gave).
+    pub fn from_id(id: Key) -> Namespace {
+        Namespace { root: id }
+    }
+
+    /// A namespace inside this one for `scope` (a tenant, a cache salt): every key under it
+    /// differs from this namespace's and from any other scope's, so cached K/V is shared only
+    /// among requests that name the same scope.
+    pub fn scoped(&self, scope: &[u8]) -> Namespace {
+        let mut h = blake3::Hasher::new_derive_key(SCOPE_CONTEXT);
+        h.update(&self.root.0);
+        h.update(&(scope.len() as u64).to_le_bytes());
+        h.update(scope);
+        Namespace {
+            root: Key(*h.finalize().as_bytes()),
+        }
     }
 
     /// The parent of the first chunk of every prompt.

@@ -56,6 +56,28 @@ proptest! {
     }
 
     #[test]
+    fn a_scope_changes_every_key_and_only_its_own_scope_shares_them(
+        t in tokens(),
+        a in proptest::collection::vec(any::<u8>(), 0..16),
+        b in proptest::collection::vec(any::<u8>(), 0..16),
+    ) {
+        let n = ns(b"m", 16);
+        let (sa, sb) = (n.scoped(&a), n.scoped(&b));
+        // The same scope gives the same keys: a tenant's requests share their cache.
+        prop_assert_eq!(sa, n.scoped(&a));
+        prop_assert_eq!(sa.content_key(&t), n.scoped(&a).content_key(&t));
+        // Scoped keys differ from the shared namespace's, even for an empty scope.
+        prop_assert_ne!(sa.content_key(&t), n.content_key(&t));
+        prop_assert_ne!(sa.prefix_key(&sa.root(), &t), n.prefix_key(&n.root(), &t));
+        prop_assert_eq!(Namespace::from_id(sa.id()), sa);
+        if a != b {
+            prop_assert_ne!(sa.root(), sb.root());
+            prop_assert_ne!(sa.content_key(&t), sb.content_key(&t));
+            prop_assert_ne!(sa.prefix_key(&sa.root(), &t), sb.prefix_key(&sb.root(), &t));
+        }
+    }
+
+    #[test]
     fn any_namespace_field_changes_every_key(t in tokens()) {
         let base = ns(b"model-a", 16);
         let others = [

@@ -23,13 +23,13 @@ impl<B: ModelBackend> Scheduler<B> {
             let mode = self.waiting[i].options.mode;
             let planner = Planner {
                 store: &self.shared.store,
-                namespace: &self.shared.namespace,
+                namespace: &self.waiting[i].namespace,
                 chunking: &self.shared.chunking,
                 config: &self.shared.config,
             };
             let tokens = &self.waiting[i].tokens[..self.waiting[i].prefill_len];
             let shared = self.shared.clone();
-            let writer = Self::writer(&shared);
+            let writer = Self::writer(&shared, &self.waiting[i].namespace);
             let (pool, resident) = (&self.pool, &mut self.resident);
             let mut store_resident = |key: &ContentKey, blocks: &mut BlockManager| {
                 writer.store_resident(pool, resident, key, blocks)
@@ -78,7 +78,10 @@ impl<B: ModelBackend> Scheduler<B> {
         let have = plan.prefix_end(bs) / bs;
         let prompt = &seq.tokens[..seq.prefill_len];
         self.running.iter().any(|r| {
-            if r.options.mode == GenerationMode::Baseline || r.decoding() {
+            if r.options.mode == GenerationMode::Baseline
+                || r.decoding()
+                || r.namespace != seq.namespace
+            {
                 return false;
             }
             let common = prompt
@@ -110,6 +113,7 @@ impl<B: ModelBackend> Scheduler<B> {
         seq.table = plan.pool_blocks.clone();
         seq.table.extend(fresh);
         seq.cursor = IndexCursor {
+            scope: seq.cursor.scope,
             node: plan.pool_node,
             indexed: plan.pool_blocks.len(),
         };
@@ -144,11 +148,10 @@ impl<B: ModelBackend> Scheduler<B> {
     /// pool grown to hold them.
     pub(super) fn allocate(&mut self, n: usize) -> Option<Vec<BlockId>> {
         let shared = self.shared.clone();
-        let writer = Self::writer(&shared);
         let shape = self.pool.head_shape();
         let pool = &self.pool;
         let got = self.blocks.allocate(n, &mut |removed| {
-            Self::write_back(&writer, pool, shape, removed)
+            Self::write_back(&shared, pool, shape, removed)
         });
         let capacity = self.blocks.allocator().capacity();
         if capacity > self.pool.blocks() {

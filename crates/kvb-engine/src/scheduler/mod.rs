@@ -32,6 +32,7 @@ use crate::sequence::Sequence;
 use crate::store_write::StoreWriter;
 use crate::EngineError;
 use crossbeam::channel::{Receiver, Sender};
+use kvb_hash::{Key, Namespace};
 use kvb_model::{KvPool, ModelBackend};
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -197,23 +198,22 @@ impl<B: ModelBackend> Scheduler<B> {
 
     /// Writes the exact paths the tree evicts that the store lacks (evicted blocks go to the
     /// store's tiers instead of being lost).
-    fn write_back(
-        writer: &StoreWriter,
-        pool: &KvPool<B>,
-        shape: (usize, usize),
-        removed: &Removed,
-    ) {
+    fn write_back(shared: &Shared<B>, pool: &KvPool<B>, shape: (usize, usize), removed: &Removed) {
         if removed.approximate {
             return;
         }
+        let namespace = Namespace::from_id(Key(removed.scope.0));
+        let writer = Self::writer(shared, &namespace);
         // Best effort: the store refusing a chunk (its budget) only loses a cache entry.
         let _ = writer.store_sequence(pool, &removed.path_blocks, &removed.path_tokens, shape);
     }
 
-    fn writer(shared: &Shared<B>) -> StoreWriter<'_> {
+    /// A writer of chunks keyed under `namespace` (a sequence's, or the scope of a tree path:
+    /// [`crate::plan::pool_scope`] holds its namespace's key).
+    fn writer<'a>(shared: &'a Shared<B>, namespace: &'a Namespace) -> StoreWriter<'a> {
         StoreWriter {
             store: &shared.store,
-            namespace: &shared.namespace,
+            namespace,
             chunking: &shared.chunking,
             format: shared.store_format,
         }
@@ -225,14 +225,13 @@ impl<B: ModelBackend> Scheduler<B> {
         self.shared.store.clear()?;
         // Running sequences keep their blocks; they no longer extend tree paths.
         for s in &mut self.running {
-            s.cursor = crate::blocks::IndexCursor::default();
+            s.cursor = crate::blocks::IndexCursor::at_root(s.cursor.scope);
         }
         Ok(())
     }
 
     fn flush(&mut self) -> Result<(), EngineError> {
         let shared = self.shared.clone();
-        let writer = Self::writer(&shared);
         let shape = self.pool.head_shape();
         let mut result = Ok(());
         // Every leaf's path covers its ancestors: storing the leaves stores everything.
@@ -240,7 +239,8 @@ impl<B: ModelBackend> Scheduler<B> {
         self.resident.clear();
         for r in tree.clear() {
             if !r.approximate && result.is_ok() {
-                result = writer
+                let namespace = Namespace::from_id(Key(r.scope.0));
+                result = Self::writer(&shared, &namespace)
                     .store_sequence(&self.pool, &r.path_blocks, &r.path_tokens, shape)
                     .map(|_| ());
             }

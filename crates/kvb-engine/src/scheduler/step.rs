@@ -487,7 +487,7 @@ impl<B: ModelBackend> Scheduler<B> {
             let exact = s.filled.min(s.exact_until).min(s.cacheable_until());
             let tokens = &s.tokens[..exact];
             let shared = self.shared.clone();
-            let writer = Self::writer(&shared);
+            let writer = Self::writer(&shared, &s.namespace);
             // With a remote tier the store publishes what it gets to other engines, so a
             // sequence's chunks go there now even when its blocks stay resident.
             let resident = shared.config.keep_resident
@@ -495,7 +495,7 @@ impl<B: ModelBackend> Scheduler<B> {
                 && s.options.max_new_tokens > 0
                 && self
                     .blocks
-                    .lookup(tokens, false)
+                    .lookup(crate::plan::pool_scope(&s.namespace), tokens, false)
                     .tokens(self.blocks.block_size())
                     >= exact;
             let stored = if resident {

@@ -112,6 +112,9 @@ pub struct Sampling {
     /// Structured output: the answer is JSON (an object, or valid against a schema), by
     /// constrained decoding.
     pub response_format: Option<ResponseFormat>,
+    /// Cached K/V is reused only among requests with the same salt (as vLLM's `cache_salt`):
+    /// a salted prompt neither hits nor fills the cache of unsalted or other-salted ones.
+    pub cache_salt: Option<String>,
 }
 
 /// A message's content: text, or a list of parts of which only text parts are taken.

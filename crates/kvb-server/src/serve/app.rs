@@ -67,8 +67,9 @@ impl<B: ModelBackend> ServedEngine for Engine<B> {
 pub struct Settings {
     /// The name requests must use in `model`.
     pub model_name: String,
-    /// Required as `Authorization: Bearer KEY` on `/v1/*` when set.
-    pub api_key: Option<String>,
+    /// One of these is required as `Authorization: Bearer KEY` on `/v1/*` when any is set;
+    /// with more than one, each key is a tenant with its own cache namespace.
+    pub api_keys: Vec<String>,
     /// Requests held beyond those the engine runs at once; more get 503.
     pub max_queue: usize,
     /// A request waiting or running longer is cancelled with 504.
@@ -173,16 +174,27 @@ async fn stamp_arrival(mut req: Request, next: Next) -> Response {
     next.run(req).await
 }
 
-/// `/v1/*` needs the API key when one is set.
-async fn check_key(State(app): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    if let Some(key) = &app.settings.api_key {
+/// The tenant a request comes from: with several API keys, the key it gave (its cache is its
+/// own); `None` where the server has one tenant.
+#[derive(Clone, Debug, Default)]
+pub struct Tenant(pub Option<String>);
+
+/// `/v1/*` needs one of the API keys when any is set; the key names the request's [`Tenant`].
+async fn check_key(State(app): State<Arc<AppState>>, mut req: Request, next: Next) -> Response {
+    let keys = &app.settings.api_keys;
+    if !keys.is_empty() {
         let given = req
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if given.map(str::trim) != Some(key.as_str()) {
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        let Some(key) = given.filter(|g| keys.iter().any(|k| k == g)) else {
             return ApiError::unauthorized().into_response();
+        };
+        if keys.len() > 1 {
+            let tenant = Tenant(Some(key.to_string()));
+            req.extensions_mut().insert(tenant);
         }
     }
     next.run(req).await

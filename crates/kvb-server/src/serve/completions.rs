@@ -2,7 +2,7 @@
 //! the engine's scheduler, then answer in one body or as server-sent events, one per token.
 
 use super::api::*;
-use super::app::{AppState, Arrival, Ticket};
+use super::app::{AppState, Arrival, Tenant, Ticket};
 use super::body::ApiJson;
 use super::bridge::forward;
 use super::chat_prompt::chat_prompt_tokens;
@@ -77,6 +77,7 @@ enum PromptInput {
 pub async fn chat_completions(
     State(app): State<Arc<AppState>>,
     Extension(arrival): Extension<Arrival>,
+    tenant: Option<Extension<Tenant>>,
     ApiJson(req): ApiJson<ChatCompletionRequest>,
 ) -> Response {
     let job = (|| {
@@ -102,7 +103,7 @@ pub async fn chat_completions(
             Kind::Chat,
             PromptInput::Chat(messages),
             (req.sampling, logprobs),
-            arrival,
+            (arrival, tenant.map(|t| t.0).unwrap_or_default()),
         )?;
         if let Some(t) = &tools {
             job.options.grammar = t.grammar();
@@ -131,6 +132,7 @@ pub async fn chat_completions(
 pub async fn completions(
     State(app): State<Arc<AppState>>,
     Extension(arrival): Extension<Arrival>,
+    tenant: Option<Extension<Tenant>>,
     ApiJson(req): ApiJson<CompletionRequest>,
 ) -> Response {
     let prompt = match req.prompt {
@@ -150,7 +152,8 @@ pub async fn completions(
         n => Ok(n.map(|n| n as usize)),
     };
     let sampling = logprobs.map(|l| (req.sampling, l));
-    match prompt.and_then(|p| job(&app, Kind::Text, p, sampling?, arrival)) {
+    let tenant = tenant.map(|t| t.0).unwrap_or_default();
+    match prompt.and_then(|p| job(&app, Kind::Text, p, sampling?, (arrival, tenant))) {
         Ok(job) => run(app, job).await,
         Err(e) => refuse(&app, Kind::Text, e, arrival),
     }
@@ -239,7 +242,7 @@ fn job(
     kind: Kind,
     prompt: PromptInput,
     (s, logprobs): (Sampling, Option<usize>),
-    arrival: Arrival,
+    (arrival, tenant): (Arrival, Tenant),
 ) -> Result<Job, ApiError> {
     if s.model != app.settings.model_name {
         return Err(ApiError::unknown_model(&s.model, &app.settings.model_name));
@@ -291,6 +294,7 @@ fn job(
             cacheable_prefix_len: None,
             logprobs,
             grammar,
+            cache_scope: cache_scope(&tenant, s.cache_salt.as_deref()),
             ..Default::default()
         },
         stream: s.stream,
@@ -298,6 +302,24 @@ fn job(
         arrival: arrival.0,
         tools: None,
     })
+}
+
+/// Whose cache a request uses: its tenant's (with several API keys) and, within it, its
+/// `cache_salt`'s; `None` (the shared cache) with neither. Each part is length-prefixed, so no
+/// tenant and salt can spell another pair.
+fn cache_scope(tenant: &Tenant, salt: Option<&str>) -> Option<Vec<u8>> {
+    if tenant.0.is_none() && salt.is_none() {
+        return None;
+    }
+    let mut scope = Vec::new();
+    for (name, part) in [("tenant", tenant.0.as_deref()), ("salt", salt)] {
+        if let Some(part) = part {
+            scope.extend(name.as_bytes());
+            scope.extend((part.len() as u64).to_le_bytes());
+            scope.extend(part.as_bytes());
+        }
+    }
+    Some(scope)
 }
 
 /// The grammar a `response_format` asks for (`None` for free text).

@@ -23,6 +23,7 @@ const SAMPLING: &[&str] = &[
     "stream_options",
     "n",
     "response_format",
+    "cache_salt",
 ];
 
 /// Fields of `/v1/chat/completions` besides [`SAMPLING`].

@@ -78,9 +78,16 @@ pub struct ServeArgs {
     /// embedded model, `SmolLM2-135M-Instruct`).
     #[arg(long)]
     served_model_name: Option<String>,
-    /// Require `Authorization: Bearer KEY` on /v1/* (also read from KVB_API_KEY).
-    #[arg(long, env = "KVB_API_KEY", hide_env_values = true)]
-    api_key: Option<String>,
+    /// Require `Authorization: Bearer KEY` on /v1/* (also read from KVB_API_KEY). Several keys
+    /// (repeated, or comma-separated) are several tenants: each key's requests get their own
+    /// cache namespace, so no tenant is served (or can time) another's cached prompts.
+    #[arg(
+        long,
+        env = "KVB_API_KEY",
+        hide_env_values = true,
+        value_delimiter = ','
+    )]
+    api_key: Vec<String>,
     /// Requests held waiting beyond those running (--max-running); more get 503.
     #[arg(long, default_value_t = 256)]
     max_queue: usize,
@@ -165,7 +172,12 @@ fn run_on<B: ModelBackend>(
     });
     let settings = Settings {
         model_name,
-        api_key: args.api_key.clone().filter(|k| !k.is_empty()),
+        api_keys: args
+            .api_key
+            .iter()
+            .map(|k| k.trim().to_string())
+            .filter(|k| !k.is_empty())
+            .collect(),
         max_queue: args.max_queue,
         request_timeout: Duration::from_secs_f64(args.request_timeout),
         max_body_bytes: args.max_body_bytes,
