@@ -44,25 +44,49 @@ fn ask(s: &Server, key: Option<&str>, salt: Option<&str>, prompt: &str) -> (u64,
 fn each_api_key_and_each_salt_has_its_own_cache() {
     let (_d, s) = tiny_server(&["--api-key", "alpha,beta"]);
     let prompt = words(3, 40);
-    let (n, cached, first) = ask(&s, Some("alpha"), None, &prompt);
+    // Prompt and cached tokens each key was served, to compare with `/metrics`.
+    let mut served = [(0u64, 0u64); 2];
+    let mut ask = |key: &str, salt: Option<&str>| {
+        let r = ask(&s, Some(key), salt, &prompt);
+        let at = usize::from(key == "beta");
+        served[at] = (served[at].0 + r.0, served[at].1 + r.1);
+        r
+    };
+    let (n, cached, first) = ask("alpha", None);
     assert_eq!(cached, 0, "a fresh server has nothing cached");
     // The same tenant again: a hit, and the same answer.
-    let (_, cached, again) = ask(&s, Some("alpha"), None, &prompt);
+    let (_, cached, again) = ask("alpha", None);
     assert!(cached >= n - 1, "alpha's repeat: {cached} of {n} cached");
     assert_eq!(again, first);
     // Another key: nothing of alpha's, and the same answer computed from scratch.
-    let (_, cached, theirs) = ask(&s, Some("beta"), None, &prompt);
+    let (_, cached, theirs) = ask("beta", None);
     assert_eq!(cached, 0, "beta was served alpha's cache");
     assert_eq!(theirs, first);
     // A salt opens a cache of its own inside the tenant's ...
-    assert_eq!(ask(&s, Some("alpha"), Some("s1"), &prompt).1, 0);
-    let (_, cached, salted) = ask(&s, Some("alpha"), Some("s1"), &prompt);
+    assert_eq!(ask("alpha", Some("s1")).1, 0);
+    let (_, cached, salted) = ask("alpha", Some("s1"));
     assert!(cached >= n - 1, "alpha's salted repeat: {cached} of {n}");
     assert_eq!(salted, first);
     // ... which another tenant's same salt does not reach.
-    assert_eq!(ask(&s, Some("beta"), Some("s1"), &prompt).1, 0);
+    assert_eq!(ask("beta", Some("s1")).1, 0);
     // beta's own cache was filled by its first request.
-    assert!(ask(&s, Some("beta"), None, &prompt).1 >= n - 1);
+    assert!(ask("beta", None).1 >= n - 1);
+
+    // `/metrics` counts each tenant's tokens under its key's place, never the key.
+    let metrics = s.metrics();
+    let count = |name: &str, tenant: &str| -> u64 {
+        let head = format!("kvb_{name}_total{{tenant=\"{tenant}\"}} ");
+        let line = metrics.lines().find(|l| l.starts_with(&head));
+        line.unwrap_or_else(|| panic!("no {head} in\n{metrics}"))[head.len()..]
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    for (at, tenant) in ["key1", "key2"].into_iter().enumerate() {
+        assert_eq!(count("tenant_prompt_tokens", tenant), served[at].0);
+        assert_eq!(count("tenant_cached_prompt_tokens", tenant), served[at].1);
+    }
+    assert!(!metrics.contains("alpha") && !metrics.contains("beta"));
 }
 
 #[test]

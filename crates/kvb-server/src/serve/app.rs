@@ -174,10 +174,14 @@ async fn stamp_arrival(mut req: Request, next: Next) -> Response {
     next.run(req).await
 }
 
-/// The tenant a request comes from: with several API keys, the key it gave (its cache is its
-/// own); `None` where the server has one tenant.
+/// The tenant a request comes from, where the server has several API keys (none otherwise).
 #[derive(Clone, Debug, Default)]
-pub struct Tenant(pub Option<String>);
+pub struct Tenant {
+    /// The key it gave: its cache scope.
+    pub key: Option<String>,
+    /// Its name in `/metrics`: `key1`, `key2`, ... in `--api-key` order (never the key).
+    pub label: Option<String>,
+}
 
 /// `/v1/*` needs one of the API keys when any is set; the key names the request's [`Tenant`].
 async fn check_key(State(app): State<Arc<AppState>>, mut req: Request, next: Next) -> Response {
@@ -189,11 +193,14 @@ async fn check_key(State(app): State<Arc<AppState>>, mut req: Request, next: Nex
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(str::trim);
-        let Some(key) = given.filter(|g| keys.iter().any(|k| k == g)) else {
+        let Some(at) = given.and_then(|g| keys.iter().position(|k| k == g)) else {
             return ApiError::unauthorized().into_response();
         };
         if keys.len() > 1 {
-            let tenant = Tenant(Some(key.to_string()));
+            let tenant = Tenant {
+                key: Some(keys[at].clone()),
+                label: Some(format!("key{}", at + 1)),
+            };
             req.extensions_mut().insert(tenant);
         }
     }

@@ -53,6 +53,8 @@ struct Job {
     arrival: Instant,
     /// The request's tools, when it offers any (chat only).
     tools: Option<Tools>,
+    /// Its tenant's name in `/metrics` (with several API keys).
+    tenant: Option<String>,
 }
 
 enum PromptInput {
@@ -301,6 +303,7 @@ fn job(
         include_usage: s.stream_options.is_some_and(|o| o.include_usage),
         arrival: arrival.0,
         tools: None,
+        tenant: tenant.label,
     })
 }
 
@@ -308,11 +311,11 @@ fn job(
 /// `cache_salt`'s; `None` (the shared cache) with neither. Each part is length-prefixed, so no
 /// tenant and salt can spell another pair.
 fn cache_scope(tenant: &Tenant, salt: Option<&str>) -> Option<Vec<u8>> {
-    if tenant.0.is_none() && salt.is_none() {
+    if tenant.key.is_none() && salt.is_none() {
         return None;
     }
     let mut scope = Vec::new();
-    for (name, part) in [("tenant", tenant.0.as_deref()), ("salt", salt)] {
+    for (name, part) in [("tenant", tenant.key.as_deref()), ("salt", salt)] {
         if let Some(part) = part {
             scope.extend(name.as_bytes());
             scope.extend((part.len() as u64).to_le_bytes());
@@ -513,8 +516,11 @@ async fn whole_answer(
                     .into_response();
             }
             Ok(Some(Event::Started(s))) => {
-                app.metrics
-                    .started(s.ttft_ms, s.prompt_tokens, s.cached_tokens());
+                app.metrics.started(
+                    s.ttft_ms,
+                    (s.prompt_tokens, s.cached_tokens()),
+                    job.tenant.as_deref(),
+                );
                 started = Some(s);
             }
             Ok(Some(Event::Token { .. })) => {}
@@ -728,9 +734,11 @@ impl StreamState {
     fn on_event(&mut self, event: Option<Event>) {
         match event {
             Some(Event::Started(s)) => {
-                self.app
-                    .metrics
-                    .started(s.ttft_ms, s.prompt_tokens, s.cached_tokens());
+                self.app.metrics.started(
+                    s.ttft_ms,
+                    (s.prompt_tokens, s.cached_tokens()),
+                    self.job.tenant.as_deref(),
+                );
             }
             Some(Event::Token { text, logprobs, .. }) => {
                 let text = match &mut self.tool_stream {
@@ -827,8 +835,8 @@ async fn stream_answer(
     };
     app.metrics.started(
         started.ttft_ms,
-        started.prompt_tokens,
-        started.cached_tokens(),
+        (started.prompt_tokens, started.cached_tokens()),
+        job.tenant.as_deref(),
     );
     let headers = reuse_headers(&started);
     let tool_stream = job.tools.as_ref().map(|t| ToolStream::new(t.forced()));

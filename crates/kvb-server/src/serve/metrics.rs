@@ -83,6 +83,9 @@ pub struct Metrics {
     prompt_tokens: Counter,
     cached_tokens: Counter,
     generated_tokens: Counter,
+    /// Prompt and cached tokens per tenant (with several API keys).
+    tenant_prompt_tokens: Family<Vec<(String, String)>, Counter>,
+    tenant_cached_tokens: Family<Vec<(String, String)>, Counter>,
     requests: Family<Vec<(String, String)>, Counter>,
     gauges: Vec<SnapshotGauge>,
     remote_gauges: Vec<RemoteGauge>,
@@ -121,6 +124,18 @@ impl Metrics {
             "generated_tokens",
             "Tokens generated",
             generated_tokens.clone(),
+        );
+        let tenant_prompt_tokens = Family::<Vec<(String, String)>, Counter>::default();
+        let tenant_cached_tokens = Family::<Vec<(String, String)>, Counter>::default();
+        registry.register(
+            "tenant_prompt_tokens",
+            "Prompt tokens served, by tenant (API key: key1, key2, ...)",
+            tenant_prompt_tokens.clone(),
+        );
+        registry.register(
+            "tenant_cached_prompt_tokens",
+            "Prompt tokens the cache served, by tenant (each has its own cache)",
+            tenant_cached_tokens.clone(),
         );
         let requests = Family::<Vec<(String, String)>, Counter>::default();
         registry.register(
@@ -188,17 +203,29 @@ impl Metrics {
             prompt_tokens,
             cached_tokens,
             generated_tokens,
+            tenant_prompt_tokens,
+            tenant_cached_tokens,
             requests,
             gauges,
             remote_gauges,
         }
     }
 
-    /// A request's first token, `ttft_ms` after its arrival, with its prompt and cached tokens.
-    pub fn started(&self, ttft_ms: f64, prompt: usize, cached: usize) {
+    /// A request's first token, `ttft_ms` after its arrival, with its prompt and cached tokens,
+    /// from `tenant` (its label) where the server has several.
+    pub fn started(&self, ttft_ms: f64, (prompt, cached): (usize, usize), tenant: Option<&str>) {
         self.ttft.observe(ttft_ms / 1e3);
         self.prompt_tokens.inc_by(prompt as u64);
         self.cached_tokens.inc_by(cached as u64);
+        if let Some(tenant) = tenant {
+            let label = vec![("tenant".to_string(), tenant.to_string())];
+            self.tenant_prompt_tokens
+                .get_or_create(&label)
+                .inc_by(prompt as u64);
+            self.tenant_cached_tokens
+                .get_or_create(&label)
+                .inc_by(cached as u64);
+        }
     }
 
     /// A request ended with `status` after `seconds`, having generated `generated` tokens.
