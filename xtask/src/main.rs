@@ -2,6 +2,7 @@
 //! one release build (one feature set) across every step, so CI compiles burn once.
 
 mod bench;
+mod doc_links;
 mod fuzz;
 
 use anyhow::{bail, Context, Result};
@@ -22,7 +23,7 @@ commands:
   ci            format check, build, fetch the model, all tests, an end-to-end generate
   bench         the end-to-end benchmark: 7 workloads x Baseline, PrefixCache, ChunkReuse
                 (selective, cacheblend, int8); tables, JSON and SVG plots in bench/results/<date>/,
-                and the README's results section. Options: --quick (a smoke run, < 5 min),
+                and the results section of docs/benchmarks.md. Options: --quick (a smoke run, < 5 min),
                 --reps N (default 3), --model PATH (a tiny model gets cut-down workloads), --out DIR
   bench concurrency  only the concurrency workload: 1, 4 and 16 clients (8-turn chats behind one
                 ~1,000-token system prompt) at once; output tokens/s, TTFT, pool memory.
@@ -252,6 +253,10 @@ fn ci() -> Result<()> {
         run(cargo().args(["fmt", "--all", "--", "--check"]))?;
     } else {
         eprintln!("rustfmt is not installed: skipping the format check");
+    }
+    let broken = doc_links::broken(Path::new("."));
+    if !broken.is_empty() {
+        bail!("broken links in the docs:\n{}", broken.join("\n"));
     }
     run(cargo().args([
         "build",

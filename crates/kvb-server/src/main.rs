@@ -4,7 +4,7 @@
 //! embedded default model (SmolLM2-135M-Instruct) is used and fetched on first use.
 //!
 //! `kvb replay` is the stable interface for outside harnesses: JSONL requests in, one JSON result
-//! line per request out (its fields are documented in the README and in `commands/replay.rs`).
+//! line per request out (its fields are documented in docs/guide.md and in `commands/replay.rs`).
 
 use clap::{Parser, Subcommand};
 use kvb_server::{commands, model_arg, serve};

@@ -1,5 +1,6 @@
-//! The README's table of bad inputs, one test per row: what `kvb` says, that it says it without a
-//! panic, and that nothing is lost (the inputs are left as they were; a cache keeps what it held).
+//! docs/reliability.md's table of bad inputs, one test per row: what `kvb` says, that it says it
+//! without a panic, and that nothing is lost (the inputs are left as they were; a cache keeps what
+//! it held).
 //! The server's rows (malformed and oversized requests) are in `serve_tiny.rs`.
 
 mod common;

@@ -313,8 +313,8 @@ pub fn run(args: &[String], kvb: &Path) -> Result<()> {
     plots::draw_all(&out, &report)?;
     eprintln!("bench: results in {}", out.display());
     if !o.quick && o.model.is_none() {
-        report::update_readme(Path::new("README.md"), &out, &report)?;
-        eprintln!("bench: README.md updated with the latest results");
+        report::update_readme(Path::new("docs/benchmarks.md"), &out, &report)?;
+        eprintln!("bench: docs/benchmarks.md updated with the latest results");
     }
     Ok(())
 }

@@ -361,15 +361,21 @@ pub fn write(dir: &Path, r: &Report) -> Result<()> {
 const BEGIN: &str = "<!-- bench:begin -->";
 const END: &str = "<!-- bench:end -->";
 
-/// Replaces the README's benchmark section (between the markers) with the latest summary,
-/// targets and plots.
+/// Replaces the benchmark section of `readme` (between the markers) with the latest summary,
+/// targets and plots, linked relative to `readme`'s folder.
 pub fn update_readme(readme: &Path, dir: &Path, r: &Report) -> Result<()> {
     let text =
         std::fs::read_to_string(readme).with_context(|| format!("reading {}", readme.display()))?;
     let (Some(a), Some(b)) = (text.find(BEGIN), text.find(END)) else {
         anyhow::bail!("{} has no {BEGIN} ... {END} section", readme.display());
     };
-    let d = dir.display();
+    // Links from the document's folder (a relative `dir` is from the workspace root).
+    let d = if dir.is_absolute() {
+        dir.display().to_string()
+    } else {
+        let depth = readme.parent().map_or(0, |p| p.components().count());
+        format!("{}{}", "../".repeat(depth), dir.display())
+    };
     let section = format!(
         "{BEGIN}\nFrom `cargo xtask bench` on {} ({} cores, {} repetitions, medians; full tables in \
          [{d}/README.md]({d}/README.md)). Warm requests: those whose context an earlier request of the workload read.\n\n{}\n\

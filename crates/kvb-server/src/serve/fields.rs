@@ -86,7 +86,7 @@ pub fn check(body: &Value, served: &[&str]) -> Result<(), ApiError> {
         return Err(ApiError::bad_request(
             format!(
                 "`{name}` is not served by kvb and would change the answer; leave it out \
-                 (the README lists the fields served)"
+                 (docs/server.md lists the fields served)"
             ),
             Some(name),
         ));

@@ -1,6 +1,6 @@
 //! `kvb replay`: runs the requests of a JSONL file through one engine and writes one JSON result
 //! line per request. This is the interface outside harnesses (and `cargo xtask bench`) drive kvb
-//! through; its fields are documented in the README and kept stable.
+//! through; its fields are documented in docs/guide.md and kept stable.
 //!
 //! Requests run in file order; requests tagged with a `client` run in order per client, and the
 //! clients run at once, through the engine's scheduler (a concurrency workload). Every line is
