@@ -2,7 +2,7 @@
 //! (2048 x 2048, 2048 x 8192, 8192 x 2048) in each stored format, with f32 activations
 //! (`packed_rows`, the default) and 8-bit ones (`int8`). Prints milliseconds per product
 //! (median of `KVB_REPS`, default 15), weight bytes streamed per second and weights per second,
-//! on all of rayon's threads. `KVB_CPU_ISA` caps the kernels (avx2, portable) to compare.
+//! on all of rayon's threads. `KVB_CPU_ISA` caps the kernels (avx2, portable; avx512f: no VBMI, VNNI) to compare.
 //!
 //! `cargo bench -p kvb-gemm --bench products [-- FILTER]` (FILTER: a format name or `int8`).
 

@@ -16,18 +16,20 @@ pub enum Isa {
 }
 
 impl Isa {
-    /// The widest set this CPU runs, capped by `KVB_CPU_ISA` (`avx2` or `portable`) so that one
-    /// machine can measure the narrower paths beside the wider one.
+    /// The widest set this CPU runs, capped by `KVB_CPU_ISA` (`avx2` or `portable`; `avx512f`
+    /// keeps AVX-512 without its extensions, [`CpuFeatures`]) so that one machine can measure
+    /// the narrower paths beside the wider one.
     pub fn detect() -> Isa {
         let cap = match std::env::var("KVB_CPU_ISA").as_deref() {
             Ok("portable") => Isa::Portable,
             Ok("avx2") => Isa::Avx2Fma,
-            Ok("avx512") | Err(_) => Isa::Avx512,
+            Ok("avx512" | "avx512f") | Err(_) => Isa::Avx512,
             Ok(other) => {
                 // Read once per process, where no caller can take an error: say it and go on
                 // with what the CPU has, rather than run a path the user did not ask for silently.
                 eprintln!(
-                    "kvb: KVB_CPU_ISA={other:?} is not one of portable, avx2, avx512; ignoring it"
+                    "kvb: KVB_CPU_ISA={other:?} is not one of portable, avx2, avx512f, avx512; \
+                     ignoring it"
                 );
                 Isa::Avx512
             }
@@ -76,6 +78,8 @@ pub struct CpuFeatures {
     pub avx512vl: bool,
     /// AVX-512 VNNI: 8-bit dot products.
     pub avx512vnni: bool,
+    /// AVX-512 VBMI: byte permutes.
+    pub avx512vbmi: bool,
 }
 
 impl CpuFeatures {
@@ -85,12 +89,15 @@ impl CpuFeatures {
         {
             use std::arch::is_x86_feature_detected as has;
             let wide = isa == Isa::Avx512;
+            let plain = std::env::var("KVB_CPU_ISA").as_deref() == Ok("avx512f");
+            let extension = |present: bool| wide && present && !plain;
             CpuFeatures {
                 isa,
                 f16c: has!("f16c") && has!("avx"),
-                avx512bw: wide && has!("avx512bw"),
-                avx512vl: wide && has!("avx512vl"),
-                avx512vnni: wide && has!("avx512vnni"),
+                avx512bw: extension(has!("avx512bw")),
+                avx512vl: extension(has!("avx512vl")),
+                avx512vnni: extension(has!("avx512vnni")),
+                avx512vbmi: extension(has!("avx512vbmi")),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -100,6 +107,7 @@ impl CpuFeatures {
             avx512bw: false,
             avx512vl: false,
             avx512vnni: false,
+            avx512vbmi: false,
         }
     }
 

@@ -371,6 +371,7 @@ pub(crate) mod avx2 {
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512 {
     use super::super::dequant::avx512::bytes16;
+    use super::super::kcells_bytes;
     use super::*;
     use std::arch::x86_64::*;
 
@@ -406,13 +407,15 @@ pub(crate) mod avx512 {
 
     /// [`super::avx2::each_row`] for `U` pairs of groups: `w[i]` holds row `r`'s 16 weights of
     /// pair `i` (the cell of `cells[i][0]` in the low 8 lanes); each lane computed as the 8-lane
-    /// kernel does.
+    /// kernel does. With `BYTES`, Q5_K and Q6_K values are assembled by byte permutes
+    /// ([`super::super::kcells_bytes`]), to the same bits.
     ///
     /// # Safety
-    /// AVX-512F is present; `cells` point at whole cells of `values`.
+    /// AVX-512F is present, and AVX-512 VBMI with `BYTES`; `cells` point at whole cells of
+    /// `values`.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    pub(crate) unsafe fn each_row<const U: usize, const K: u8>(
+    pub(crate) unsafe fn each_row<const U: usize, const K: u8, const BYTES: bool>(
         cells: [[*const u8; 2]; U],
         ahead: [[*const u8; 2]; U],
         mut row: impl FnMut(usize, &[__m512; U]),
@@ -429,6 +432,12 @@ pub(crate) mod avx512 {
         }
         let sign = _mm512_castps_si512(_mm512_set1_ps(-0.0));
         let nibble_values = nibble_values();
+        let by_bytes = BYTES && values != CellValues::Q4K;
+        let constants = if by_bytes {
+            Some(kcells_bytes::Constants::of::<K>())
+        } else {
+            None
+        };
         let mut scale = [_mm512_setzero_ps(); U];
         let mut offset = [_mm512_castsi512_ps(sign); U];
         let (subs, bytes_of_cell) = (ROWS / at.sub_rows, values.cell_bytes(ROWS));
@@ -439,6 +448,10 @@ pub(crate) mod avx512 {
             for i in 0..U {
                 let sc = bytes(cells[i], at.sc + s * GROUP, q6);
                 scale[i] = _mm512_mul_ps(d[i], _mm512_cvtepi32_ps(sc));
+                if by_bytes {
+                    // Exact: a power of two (`kcells_bytes::row`'s values are times 2^24).
+                    scale[i] = _mm512_mul_ps(scale[i], _mm512_set1_ps(kcells_bytes::UNSCALE));
+                }
                 if !q6 {
                     let m = _mm512_cvtepi32_ps(bytes(cells[i], at.m + s * GROUP, false));
                     let dm = _mm512_castps_si512(_mm512_mul_ps(dmin[i], m));
@@ -447,6 +460,24 @@ pub(crate) mod avx512 {
             }
             for run in 0..at.sub_rows / 8 {
                 let r0 = s * at.sub_rows + run * 8;
+                if let Some(c) = &constants {
+                    let mut runs = [[_mm512_setzero_si512(); 2]; U];
+                    for i in 0..U {
+                        runs[i] = kcells_bytes::run::<K>(cells[i], &at, r0, c);
+                    }
+                    for p in 0..4 {
+                        let mut w = [[_mm512_setzero_ps(); U]; 2];
+                        for i in 0..U {
+                            for half in 0..2 {
+                                let q = kcells_bytes::row(runs[i][half], p, c);
+                                w[half][i] = _mm512_fmadd_ps(scale[i], q, offset[i]);
+                            }
+                        }
+                        row(r0 + 2 * p, &w[0]);
+                        row(r0 + 2 * p + 1, &w[1]);
+                    }
+                    continue;
+                }
                 if values != CellValues::Q4K {
                     let mut high = [[_mm_setzero_si128(); 2]; U];
                     for (i, h) in high.iter_mut().enumerate() {

@@ -37,6 +37,8 @@
 
 mod dequant;
 pub(crate) mod kcells;
+#[cfg(target_arch = "x86_64")]
+mod kcells_bytes;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) use dequant::avx2::{head, widen_floats};

@@ -8,13 +8,28 @@ use crate::packed::{bytes16, head_pair, kcells, prefetch_cell, widen_pair, AHEAD
 use std::arch::x86_64::*;
 
 /// [`run_pairs`] for `m` rows (1 to 16) and `pairs` pairs (1, 2 or 4), as [`super::columns`]
-/// chose them.
+/// chose them; with `bytes`, Q5_K and Q6_K values assembled by byte permutes.
+///
+/// # Safety
+/// The CPU has AVX-512F, and AVX-512 VBMI with `bytes`.
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn run_set(m: usize, pairs: usize, set: &Set) {
+pub(super) unsafe fn run_set(m: usize, pairs: usize, bytes: bool, set: &Set) {
+    // Past a few rows the byte permutes cost more than they save: each row's 16 weights take a
+    // permute where the 16-byte path shares its work between two rows
+    // (bench/results/2026-11-27-q6k-bytes).
+    if bytes && m <= 4 {
+        run_shape::<true>(m, pairs, set)
+    } else {
+        run_shape::<false>(m, pairs, set)
+    }
+}
+
+#[target_feature(enable = "avx512f")]
+unsafe fn run_shape<const BYTES: bool>(m: usize, pairs: usize, set: &Set) {
     macro_rules! by_shape {
         ($($rows:literal: [$($p:literal),*]),*) => {
             match (m, pairs) {
-                $($(($rows, $p) => run_pairs::<$rows, $p>(set),)*)*
+                $($(($rows, $p) => run_pairs::<$rows, $p, BYTES>(set),)*)*
                 _ => unreachable!("no 16-lane kernel for {m} rows by {pairs} pairs"),
             }
         };
@@ -29,7 +44,7 @@ pub(super) unsafe fn run_set(m: usize, pairs: usize, set: &Set) {
 /// widened, converted and scaled once and multiplied into the R rows' accumulators.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn run_pairs<const R: usize, const P: usize>(a: &Set) {
+unsafe fn run_pairs<const R: usize, const P: usize, const BYTES: bool>(a: &Set) {
     let rows = a.cell_rows;
     let cell_bytes = a.values.cell_bytes(rows);
     let cells = a.k / rows;
@@ -58,7 +73,7 @@ unsafe fn run_pairs<const R: usize, const P: usize>(a: &Set) {
                     head.map(|h| h.map(|p| prefetch_target(p, c, cells, cell_bytes, 2 * P)));
                 macro_rules! run {
                     ($k:expr) => {
-                        kcells::avx512::each_row::<P, $k>(head, ahead, |p, w| {
+                        kcells::avx512::each_row::<P, $k, BYTES>(head, ahead, |p, w| {
                             multiply_into(&mut acc, w, |r| xrow(r, p))
                         })
                     };

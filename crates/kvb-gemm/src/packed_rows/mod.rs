@@ -27,7 +27,19 @@ pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix) -> Option<Vec<f32>> {
 fn matmul_with(isa: crate::Isa, x: &[f32], m: usize, w: &PackedMatrix) -> Option<Vec<f32>> {
     #[cfg(target_arch = "x86_64")]
     {
-        let kernel = Kernel::of(isa)?;
+        matmul_by(Kernel::of(isa)?, x, m, w)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (isa, x, m, w);
+        None
+    }
+}
+
+/// [`matmul`] with `kernel` (one this CPU runs).
+#[cfg(target_arch = "x86_64")]
+fn matmul_by(kernel: Kernel, x: &[f32], m: usize, w: &PackedMatrix) -> Option<Vec<f32>> {
+    {
         let fits = (1..=kernel.max_rows()).contains(&m)
             && KC.is_multiple_of(w.cell_rows())
             && x.len() >= m * w.k();
@@ -42,21 +54,18 @@ fn matmul_with(isa: crate::Isa, x: &[f32], m: usize, w: &PackedMatrix) -> Option
             unsafe { columns(kernel, &x, m, w, j0, cols, tile) }
         }))
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (isa, x, m, w);
-        None
-    }
 }
 
 /// The two kernels, by register width.
 #[cfg(target_arch = "x86_64")]
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 enum Kernel {
     /// AVX2, FMA and F16C: one group of 8 columns per register, 16 registers.
     Lanes8,
     /// AVX-512F: two groups side by side per register, 32 registers.
     Lanes16,
+    /// [`Kernel::Lanes16`] with AVX-512 VBMI's byte permutes for Q5_K and Q6_K values.
+    Lanes16Bytes,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -64,10 +73,24 @@ impl Kernel {
     /// `isa`'s kernel (none without AVX2 and FMA).
     fn of(isa: crate::Isa) -> Option<Kernel> {
         match isa {
+            crate::Isa::Avx512 if crate::cpu().avx512vbmi => Some(Kernel::Lanes16Bytes),
             crate::Isa::Avx512 => Some(Kernel::Lanes16),
             crate::Isa::Avx2Fma => Some(Kernel::Lanes8),
             crate::Isa::Portable => None,
         }
+    }
+
+    /// Every kernel this CPU runs (tests compare them).
+    #[cfg(test)]
+    fn supported() -> Vec<Kernel> {
+        let mut all: Vec<Kernel> = crate::Isa::supported()
+            .into_iter()
+            .filter_map(Kernel::of)
+            .collect();
+        if all.iter().any(|k| matches!(k, Kernel::Lanes16Bytes)) {
+            all.push(Kernel::Lanes16);
+        }
+        all
     }
 
     /// The most rows the kernel takes: up to here dequantizing in registers costs less than
@@ -77,7 +100,7 @@ impl Kernel {
     fn max_rows(self) -> usize {
         match self {
             Kernel::Lanes8 => 7,
-            Kernel::Lanes16 => 16,
+            Kernel::Lanes16 | Kernel::Lanes16Bytes => 16,
         }
     }
 
@@ -85,7 +108,7 @@ impl Kernel {
     fn unit_groups(self) -> usize {
         match self {
             Kernel::Lanes8 => 1,
-            Kernel::Lanes16 => 2,
+            Kernel::Lanes16 | Kernel::Lanes16Bytes => 2,
         }
     }
 
@@ -94,7 +117,7 @@ impl Kernel {
     fn most_units(self, m: usize) -> usize {
         match (self, m) {
             (_, 1 | 2) => 4,
-            (Kernel::Lanes8, 3 | 4) | (Kernel::Lanes16, 3..=8) => 2,
+            (Kernel::Lanes8, 3 | 4) | (Kernel::Lanes16 | Kernel::Lanes16Bytes, 3..=8) => 2,
             _ => 1,
         }
     }
@@ -179,7 +202,8 @@ unsafe fn columns(
         };
         match kernel {
             Kernel::Lanes8 => avx2::run_set(m, units, &set),
-            Kernel::Lanes16 => avx512::run_set(m, units, &set),
+            Kernel::Lanes16 => avx512::run_set(m, units, false, &set),
+            Kernel::Lanes16Bytes => avx512::run_set(m, units, true, &set),
         }
         let first = (g - g0) * GROUP;
         let width = stride.min(cols - first);
@@ -226,14 +250,13 @@ mod tests {
             let (packed, k) = packed_matrix(format, blocks_per_row, n, seed);
             let x: Vec<f32> = (0..m * k).map(|i| spread(i, seed, 700.0)).collect();
             let want = crate::few_rows::matmul(&x, &packed.to_dense(), m, k, n);
-            for isa in crate::Isa::supported() {
-                let Some(got) = matmul_with(isa, &x, m, &packed) else {
-                    let takes = Kernel::of(isa).map_or(0, Kernel::max_rows);
-                    prop_assert!(m > takes, "{:?} declined {} rows", isa, m);
+            for kernel in Kernel::supported() {
+                let Some(got) = matmul_by(kernel, &x, m, &packed) else {
+                    prop_assert!(m > kernel.max_rows(), "{:?} declined {} rows", kernel, m);
                     continue;
                 };
                 for (i, (g, e)) in got.iter().zip(&want).enumerate() {
-                    prop_assert_eq!(g.to_bits(), e.to_bits(), "{:?}, element {} of [{}, {}]", isa, i, m, n);
+                    prop_assert_eq!(g.to_bits(), e.to_bits(), "{:?}, element {} of [{}, {}]", kernel, i, m, n);
                 }
             }
         }
@@ -250,13 +273,13 @@ mod tests {
                 for m in 1..=16 {
                     let x: Vec<f32> = (0..m * k).map(|i| spread(i, 5, 700.0)).collect();
                     let want = crate::few_rows::matmul(&x, &packed.to_dense(), m, k, n);
-                    for isa in crate::Isa::supported() {
-                        if let Some(got) = matmul_with(isa, &x, m, &packed) {
+                    for kernel in Kernel::supported() {
+                        if let Some(got) = matmul_by(kernel, &x, m, &packed) {
                             let same = got
                                 .iter()
                                 .zip(&want)
                                 .all(|(g, e)| g.to_bits() == e.to_bits());
-                            assert!(same, "{isa:?}, format {format}, [{m}, {n}]");
+                            assert!(same, "{kernel:?}, format {format}, [{m}, {n}]");
                         }
                     }
                 }

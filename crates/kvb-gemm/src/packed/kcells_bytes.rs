@@ -1,0 +1,212 @@
+//! Q5_K and Q6_K values assembled with byte permutes (AVX-512 VBMI), for the 16-lane f32
+//! kernels: a run of 8 rows of two cells (128 weights) is joined from its nibbles and top bits
+//! in 64-byte registers with a handful of instructions, where the 16-byte path
+//! ([`super::kcells`]'s `six_bit_pair`) spends about ten per 32 weights. Each row's 16 integers
+//! are then moved into the top byte of their 32-bit lanes by one permute, so the f32 conversion
+//! gives `q * 2^24` exactly, and the kernel scales by `scale * 2^-24` (exact: a power of two):
+//! `fma(scale * 2^-24, q * 2^24, offset)` rounds the same real number as
+//! `fma(scale, q, offset)`, so the weights keep their bits.
+//!
+//! The permutes are written as `asm!` so that the kernels, compiled for AVX-512F alone, take
+//! them only where [`crate::cpu`] found VBMI (an intrinsic would need the whole kernel compiled
+//! for it, and a kernel per feature set).
+
+use super::kcells::{Layout, KIND_Q6K};
+use super::GROUP;
+use std::arch::asm;
+use std::arch::x86_64::*;
+
+/// `table[idx[j] % 64]` for each byte `j` (`vpermb`).
+///
+/// # Safety
+/// The CPU has AVX-512 VBMI.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn look_up(idx: __m512i, table: __m512i) -> __m512i {
+    let out: __m512i;
+    // SAFETY: the caller found VBMI; the instruction reads only registers.
+    unsafe {
+        asm!(
+            "vpermb {out}, {idx}, {table}",
+            out = lateout(zmm_reg) out, idx = in(zmm_reg) idx, table = in(zmm_reg) table,
+            options(pure, nomem, nostack, preserves_flags),
+        )
+    };
+    out
+}
+
+/// Byte `j` of the result is `bytes[idx[j] - 64]` where `idx[j] >= 64`, else zero
+/// (`vpermt2b` over a zeroed first table).
+///
+/// # Safety
+/// The CPU has AVX-512 VBMI.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn place(idx: __m512i, bytes: __m512i) -> __m512i {
+    let mut out = _mm512_setzero_si512();
+    // SAFETY: the caller found VBMI; the instruction reads only registers.
+    unsafe {
+        asm!(
+            "vpermt2b {out}, {idx}, {bytes}",
+            out = inout(zmm_reg) out, idx = in(zmm_reg) idx, bytes = in(zmm_reg) bytes,
+            options(pure, nomem, nostack, preserves_flags),
+        )
+    };
+    out
+}
+
+/// The permutes and tables of one cell type, as bytes ([`Constants`] loads them).
+#[repr(C, align(64))]
+struct Tables {
+    /// Spreads the run's top-bit bytes so that byte `32c + 8p + lane` holds the bits of rows
+    /// `2p` and `2p + 1` (of cell `c`, lane `lane`).
+    spread_high: [u8; 64],
+    /// Per 64-bit lane (one `p`): the rotation that puts row `2p`'s top bits at bit 4.
+    even_shift: [u64; 8],
+    /// The same for row `2p + 1`.
+    odd_shift: [u64; 8],
+    /// A 6-bit index to the integer the cell type defines (Q6_K's less 32; Q5_K's index with
+    /// the bits above its fifth ignored).
+    values: [u8; 64],
+    /// Per pair of rows `p`: each 32-bit lane's top byte from the lane's value, the rest zero.
+    rows: [[u8; 64]; 4],
+}
+
+impl Tables {
+    const fn of(q6: bool) -> Tables {
+        // Rotations of 64 bits: each byte's wanted bits move inside the byte (rotating by 62
+        // moves them right by 2).
+        let (even, odd): ([u64; 4], [u64; 4]) = if q6 {
+            ([4, 0, 4, 0], [2, 62, 2, 62])
+        } else {
+            ([4, 2, 0, 62], [3, 1, 63, 61])
+        };
+        let mut t = Tables {
+            spread_high: [0; 64],
+            even_shift: [0; 8],
+            odd_shift: [0; 8],
+            values: [0; 64],
+            rows: [[0; 64]; 4],
+        };
+        let mut j = 0;
+        while j < 64 {
+            let (c, p, lane) = (j / 32, j % 32 / 8, j % 8);
+            t.spread_high[j] = (if q6 {
+                c * 16 + p / 2 * 8 + lane
+            } else {
+                c * 8 + lane
+            }) as u8;
+            t.values[j] = if q6 {
+                (j as i8 - 32) as u8
+            } else {
+                (j % 32) as u8
+            };
+            let k = j / 4;
+            let mut p = 0;
+            while p < 4 {
+                if j % 4 == 3 {
+                    t.rows[p][j] = (64 + k / 8 * 32 + p * 8 + k % 8) as u8;
+                }
+                p += 1;
+            }
+            if j < 8 {
+                t.even_shift[j] = even[j % 4];
+                t.odd_shift[j] = odd[j % 4];
+            }
+            j += 1;
+        }
+        t
+    }
+}
+
+static Q5K_TABLES: Tables = Tables::of(false);
+static Q6K_TABLES: Tables = Tables::of(true);
+
+/// [`Tables`] in registers (loaded once per cell).
+pub(crate) struct Constants {
+    spread_high: __m512i,
+    even_shift: __m512i,
+    odd_shift: __m512i,
+    values: __m512i,
+    rows: [__m512i; 4],
+}
+
+impl Constants {
+    /// The constants of kind `K` (Q5_K or Q6_K).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn of<const K: u8>() -> Constants {
+        let t = if K == KIND_Q6K {
+            &Q6K_TABLES
+        } else {
+            &Q5K_TABLES
+        };
+        let load = |p: *const u8| _mm512_load_si512(p as *const _);
+        Constants {
+            spread_high: load(t.spread_high.as_ptr()),
+            even_shift: load(t.even_shift.as_ptr() as *const u8),
+            odd_shift: load(t.odd_shift.as_ptr() as *const u8),
+            values: load(t.values.as_ptr()),
+            rows: [0, 1, 2, 3].map(|p| load(t.rows[p].as_ptr())),
+        }
+    }
+}
+
+/// Rows `r0..r0 + 8` of the cells `[a, b]` of kind `K` (a Q5_K or Q6_K cell of two groups
+/// side by side): `[even, odd]`, row `r0 + 2p` (or `+ 1`) of cell `c`, lane `lane`, as the
+/// signed byte at `32c + 8p + lane`, the integer [`super::kcells::parts`] defines.
+///
+/// # Safety
+/// The CPU has AVX-512 VBMI; the cells are whole cells of kind `K` laid out as `at`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn run<const K: u8>(
+    [a, b]: [*const u8; 2],
+    at: &Layout,
+    r0: usize,
+    c: &Constants,
+) -> [__m512i; 2] {
+    let o = at.nibbles + r0 / 2 * GROUP;
+    let nibbles = _mm512_inserti64x4::<1>(
+        _mm512_castsi256_si512(_mm256_loadu_si256(a.add(o) as *const __m256i)),
+        _mm256_loadu_si256(b.add(o) as *const __m256i),
+    );
+    let high = if K == KIND_Q6K {
+        let o = at.high + r0 / 4 * GROUP;
+        _mm512_castsi256_si512(_mm256_inserti128_si256::<1>(
+            _mm256_castsi128_si256(_mm_loadu_si128(a.add(o) as *const __m128i)),
+            _mm_loadu_si128(b.add(o) as *const __m128i),
+        ))
+    } else {
+        let o = at.high + r0 / 8 * GROUP;
+        _mm512_castsi128_si512(super::bytes16(a.add(o), b.add(o)))
+    };
+    let high = look_up(c.spread_high, high);
+    let low4 = _mm512_set1_epi8(0x0f);
+    // 0xca: the first operand's bits pick the second's, the rest come from the third.
+    let even =
+        _mm512_ternarylogic_epi64::<0xca>(low4, nibbles, _mm512_rolv_epi64(high, c.even_shift));
+    let odd = _mm512_ternarylogic_epi64::<0xca>(
+        low4,
+        _mm512_srli_epi64::<4>(nibbles),
+        _mm512_rolv_epi64(high, c.odd_shift),
+    );
+    [look_up(even, c.values), look_up(odd, c.values)]
+}
+
+/// Row `2p` (of `even`) or `2p + 1` (of `odd`) from [`run`]'s bytes as 16 f32: each integer
+/// times 2^24, exactly.
+///
+/// # Safety
+/// The CPU has AVX-512 VBMI.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn row(bytes: __m512i, p: usize, c: &Constants) -> __m512 {
+    _mm512_cvtepi32_ps(place(c.rows[p], bytes))
+}
+
+/// 2^-24: what [`row`]'s values are scaled by.
+pub(crate) const UNSCALE: f32 = 1.0 / 16_777_216.0;
