@@ -5,7 +5,7 @@ use crate::config::{EngineConfig, GenerateOptions, GenerationMode, KvPrecision};
 use crate::fingerprint::model_fingerprint;
 use crate::grammar::Grammars;
 use crate::remote_prefetch::prefetch_remote;
-use crate::request::{Request, RequestHandle, RequestState, Sink};
+use crate::request::{EventSink, Request, RequestHandle, RequestState, RequestTicket, Sink};
 use crate::result::{GenerationResult, PoolStats, WarmResult};
 use crate::scheduler::{Command, Scheduler};
 use crate::sequence::Sequence;
@@ -295,11 +295,25 @@ impl<B: ModelBackend> Engine<B> {
     /// hold. With a remote tier, the prompt's chunks are first fetched from it on this thread
     /// (one round trip; a remote that is down costs nothing, see [`kvb_store::remote`]).
     pub fn submit(&self, request: Request) -> Result<RequestHandle, EngineError> {
-        let (seq, handle) = self.prepare(request)?;
+        let (events_tx, events) = unbounded();
+        let ticket = self.submit_to(request, events_tx)?;
+        Ok(RequestHandle { ticket, events })
+    }
+
+    /// [`Engine::submit`] with the events pushed to `sink` as they happen (a server's async
+    /// channel: no thread waits per request). The ticket cancels the request when dropped; a
+    /// sink whose listener is gone cancels it too. If the engine stops, the sink is dropped
+    /// without a `Finished` event.
+    pub fn submit_to(
+        &self,
+        request: Request,
+        sink: impl EventSink + 'static,
+    ) -> Result<RequestTicket, EngineError> {
+        let (seq, ticket) = self.prepare(request, Box::new(sink))?;
         self.commands
             .send(Command::Submit(vec![seq]))
             .map_err(|_| EngineError::Stopped)?;
-        Ok(handle)
+        Ok(ticket)
     }
 
     /// Queues several requests at once: the scheduler takes them in one step, in order, so they
@@ -311,9 +325,10 @@ impl<B: ModelBackend> Engine<B> {
         let handles: Vec<Result<RequestHandle, EngineError>> = requests
             .into_iter()
             .map(|r| {
-                let (seq, handle) = self.prepare(r)?;
+                let (events_tx, events) = unbounded();
+                let (seq, ticket) = self.prepare(r, Box::new(events_tx))?;
                 queued.push(seq);
-                Ok(handle)
+                Ok(RequestHandle { ticket, events })
             })
             .collect();
         if !queued.is_empty() && self.commands.send(Command::Submit(queued)).is_err() {
@@ -326,7 +341,11 @@ impl<B: ModelBackend> Engine<B> {
     }
 
     /// Checks a request and makes its sequence and handle (see [`Engine::submit`]).
-    fn prepare(&self, request: Request) -> Result<(Sequence, RequestHandle), EngineError> {
+    fn prepare(
+        &self,
+        request: Request,
+        events: Box<dyn EventSink>,
+    ) -> Result<(Sequence, RequestTicket), EngineError> {
         let n = request.tokens.len();
         if n == 0 {
             return Err(EngineError::EmptyPrompt);
@@ -380,7 +399,6 @@ impl<B: ModelBackend> Engine<B> {
             request.options.mode,
         )?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (events_tx, events) = unbounded();
         let state = Arc::new(RequestState::default());
         let params = GenerateParams {
             max_new_tokens: request.options.max_new_tokens,
@@ -395,7 +413,7 @@ impl<B: ModelBackend> Engine<B> {
             run = run.constrained(constraint);
         }
         let sink = Sink {
-            events: events_tx,
+            events,
             state: state.clone(),
         };
         let seq = Sequence::new(
@@ -407,15 +425,14 @@ impl<B: ModelBackend> Engine<B> {
             namespace,
         );
         let wake = self.commands.clone();
-        let handle = RequestHandle {
+        let ticket = RequestTicket {
             id,
-            events,
             state,
             wake: Box::new(move || {
                 let _ = wake.send(Command::Wake);
             }),
         };
-        Ok((seq, handle))
+        Ok((seq, ticket))
     }
 
     /// Generates from `prompt` with K/V reuse per `options.mode`, streaming through `on_token`.

@@ -74,7 +74,7 @@ pub use kvb_constrain::{json_layout, Grammar};
 pub use kvb_model::generate::{StopReason, TokenLogprobs};
 pub use kvb_repair::RecomputeStrategy;
 pub use kvb_store::{EvictionPolicy, RemoteConfig, RemoteStats, StoreStats};
-pub use request::{Event, Request, RequestHandle};
+pub use request::{Event, EventSink, Request, RequestHandle, RequestTicket};
 pub use result::{CachedTokens, GenerationResult, PoolStats, StageTimes, Started, WarmResult};
 
 /// Everything that can go wrong in the engine.

@@ -83,41 +83,97 @@ impl RequestState {
     }
 }
 
+/// Where a request's events go ([`crate::Engine::submit_to`]): the scheduler pushes each one as
+/// it happens, from its own thread, so a sink must not block (an unbounded channel's sender, as
+/// a server's async one). `false` says nobody listens any more: the request is then cancelled
+/// and its blocks freed at the scheduler's next step.
+pub trait EventSink: Send + Sync {
+    /// Delivers `event`; `false` when its listener is gone.
+    fn push(&self, event: Event) -> bool;
+}
+
+impl<S: EventSink + ?Sized> EventSink for Box<S> {
+    fn push(&self, event: Event) -> bool {
+        (**self).push(event)
+    }
+}
+
+impl EventSink for Sender<Event> {
+    fn push(&self, event: Event) -> bool {
+        self.send(event).is_ok()
+    }
+}
+
 /// The scheduler's side of a request: where events go.
 pub(crate) struct Sink {
-    pub events: Sender<Event>,
+    pub events: Box<dyn EventSink>,
     pub state: Arc<RequestState>,
 }
 
 impl Sink {
-    /// Sends an event; a handle that is gone no longer listens, which is not an error.
+    /// Sends an event; a listener that is gone cancels the request (not an error: a client may
+    /// leave).
     pub fn send(&self, event: Event) {
-        let _ = self.events.send(event);
+        if !self.events.push(event) {
+            let _ = self.state.cancel();
+        }
     }
 }
 
-/// A submitted request: its events as they happen, and a way to cancel it. Dropping the handle
-/// of a request that still runs cancels it (a client that went away frees its blocks at once).
-pub struct RequestHandle {
+/// A queued request's id and the means to cancel it, without its events (they go to the
+/// [`EventSink`] given to [`crate::Engine::submit_to`]). Dropping it cancels a request that
+/// still runs, at once: a client that went away frees its blocks even while it waits in the
+/// queue.
+pub struct RequestTicket {
     pub(crate) id: u64,
-    pub(crate) events: Receiver<Event>,
     pub(crate) state: Arc<RequestState>,
     /// Wakes the scheduler so a cancel is acted on at its next step.
     pub(crate) wake: Box<dyn Fn() + Send + Sync>,
 }
 
-impl std::fmt::Debug for RequestHandle {
+impl std::fmt::Debug for RequestTicket {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RequestHandle")
+        f.debug_struct("RequestTicket")
             .field("id", &self.id)
             .finish()
     }
 }
 
-impl RequestHandle {
+impl RequestTicket {
     /// The request's id (unique within the engine).
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// Cancels the request: its sequence stops at the scheduler's next step and its blocks are
+    /// freed. Cancelling twice, or a request that has finished, is an error saying so.
+    pub fn cancel(&self) -> Result<(), EngineError> {
+        self.state.cancel()?;
+        (self.wake)();
+        Ok(())
+    }
+}
+
+impl Drop for RequestTicket {
+    fn drop(&mut self) {
+        if self.state.cancel().is_ok() {
+            (self.wake)();
+        }
+    }
+}
+
+/// A submitted request: its events as they happen, and a way to cancel it. Dropping the handle
+/// of a request that still runs cancels it (a client that went away frees its blocks at once).
+#[derive(Debug)]
+pub struct RequestHandle {
+    pub(crate) ticket: RequestTicket,
+    pub(crate) events: Receiver<Event>,
+}
+
+impl RequestHandle {
+    /// The request's id (unique within the engine).
+    pub fn id(&self) -> u64 {
+        self.ticket.id()
     }
 
     /// The next event, waiting for it; `None` once the last one was taken.
@@ -142,9 +198,7 @@ impl RequestHandle {
     /// Cancels the request: its sequence stops at the scheduler's next step and its blocks are
     /// freed. Cancelling twice, or a request that has finished, is an error saying so.
     pub fn cancel(&self) -> Result<(), EngineError> {
-        self.state.cancel()?;
-        (self.wake)();
-        Ok(())
+        self.ticket.cancel()
     }
 
     /// Waits for the end, calling `on_token` for each token, and returns the result.
@@ -167,13 +221,5 @@ impl RequestHandle {
     /// Waits for the end and returns the result.
     pub fn wait(self) -> Result<GenerationResult, EngineError> {
         self.wait_streaming(&mut |_| {})
-    }
-}
-
-impl Drop for RequestHandle {
-    fn drop(&mut self) {
-        if self.state.cancel().is_ok() {
-            (self.wake)();
-        }
     }
 }

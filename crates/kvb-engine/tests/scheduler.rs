@@ -1,6 +1,6 @@
 //! The scheduler's promises on the tiny reference models: a batch does not change what a sequence
 //! generates; the engine serves many threads at once; cancelling frees a sequence's blocks at once
-//! and a second cancel is an error; a pool too small for a request refuses it, one too small for
+//! and a second cancel is an error; a sink whose listener left cancels its request; a pool too small for a request refuses it, one too small for
 //! two preempts and still answers both; shared prefixes are held once; no block leaks; a prefill
 //! is cut to fill a step only when that saves a step; `generate_batch` answers in order what each
 //! prompt generates alone.
@@ -9,10 +9,10 @@ mod common;
 
 use common::{config, engine, opts, prompt, same_bits, FAMILIES};
 use kvb_engine::{
-    Engine, EngineConfig, EngineError, Event, GenerationMode, GenerationResult, Request,
+    Engine, EngineConfig, EngineError, Event, EventSink, GenerationMode, GenerationResult, Request,
 };
 use kvb_model::backends::Cpu;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Sixteen prompts of mixed lengths; several share prefixes of different lengths.
 fn mixed_prompts() -> Vec<Vec<u32>> {
@@ -188,6 +188,59 @@ fn cancelling_frees_the_sequence_at_once_and_twice_is_an_error() {
         }
     }
     assert!(matches!(h.cancel(), Err(EngineError::AlreadyFinished)));
+}
+
+/// A sink whose listener leaves after `listens` events, as a client that disconnects.
+struct Leaving {
+    seen: Arc<Mutex<Vec<Event>>>,
+    listens: usize,
+}
+
+impl EventSink for Leaving {
+    fn push(&self, event: Event) -> bool {
+        let mut seen = self.seen.lock().unwrap();
+        seen.push(event);
+        seen.len() < self.listens
+    }
+}
+
+#[test]
+fn a_sink_whose_listener_left_cancels_its_request() {
+    let e = engine(
+        "llama",
+        EngineConfig {
+            keep_resident: false,
+            ..config()
+        },
+    );
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let sink = Leaving {
+        seen: seen.clone(),
+        listens: 3,
+    };
+    let request = Request::new(prompt(63, 20), opts(GenerationMode::ChunkReuse, 230));
+    // The ticket is kept: only the failed push says the listener is gone.
+    let ticket = e.submit_to(request, sink).unwrap();
+    let finished = |seen: &[Event]| seen.iter().any(|ev| matches!(ev, Event::Finished(_)));
+    while !finished(&seen.lock().unwrap()) {
+        e.sync().unwrap();
+    }
+    let seen = seen.lock().unwrap();
+    let tokens = seen
+        .iter()
+        .filter(|ev| matches!(ev, Event::Token { .. }))
+        .count();
+    // Started, two tokens, then the step that sends the third sees no listener.
+    assert!(tokens <= 3, "{tokens} tokens went to a listener that left");
+    match seen.last() {
+        Some(Event::Finished(r)) => {
+            assert!(matches!(**r, Err(EngineError::Cancelled)), "{r:?}")
+        }
+        other => panic!("the last event is not `Finished`: {other:?}"),
+    }
+    let stats = e.paged_stats();
+    assert_eq!((stats.running, stats.blocks_used), (0, 0), "{stats:?}");
+    assert!(matches!(ticket.cancel(), Err(EngineError::AlreadyFinished)));
 }
 
 #[test]

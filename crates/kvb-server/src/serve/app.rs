@@ -10,7 +10,9 @@ use axum::http::{header, Method, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
-use kvb_engine::{Engine, EngineError, PoolStats, RequestHandle, StoreStats, WarmResult};
+use kvb_engine::{
+    Engine, EngineError, EventSink, PoolStats, RequestTicket, StoreStats, WarmResult,
+};
 use kvb_model::{ModelBackend, Tokenizer};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -24,7 +26,11 @@ pub trait ServedEngine: Send + Sync {
     fn tokenizer(&self) -> &Tokenizer;
     fn context_len(&self) -> usize;
     fn max_running(&self) -> usize;
-    fn submit(&self, request: kvb_engine::Request) -> Result<RequestHandle, EngineError>;
+    fn submit_to(
+        &self,
+        request: kvb_engine::Request,
+        sink: Box<dyn EventSink>,
+    ) -> Result<RequestTicket, EngineError>;
     fn warm(&self, text: &str) -> Result<WarmResult, EngineError>;
     fn warm_tokens(&self, tokens: &[u32]) -> Result<WarmResult, EngineError>;
     fn paged_stats(&self) -> PoolStats;
@@ -42,8 +48,12 @@ impl<B: ModelBackend> ServedEngine for Engine<B> {
     fn max_running(&self) -> usize {
         self.config().max_running
     }
-    fn submit(&self, request: kvb_engine::Request) -> Result<RequestHandle, EngineError> {
-        Engine::submit(self, request)
+    fn submit_to(
+        &self,
+        request: kvb_engine::Request,
+        sink: Box<dyn EventSink>,
+    ) -> Result<RequestTicket, EngineError> {
+        Engine::submit_to(self, request, sink)
     }
     fn warm(&self, text: &str) -> Result<WarmResult, EngineError> {
         Engine::warm(self, text)

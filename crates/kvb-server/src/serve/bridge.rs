@@ -1,34 +1,54 @@
-//! From the engine's blocking event channel to an async one. A thread per request waits on the
-//! engine's events and forwards them; when the async side is dropped (the client went away, the
-//! request timed out) the thread drops the request's handle, which cancels its sequence: its
-//! blocks are freed at the scheduler's next step.
+//! A request's engine events as an async channel: the scheduler pushes each event into it as it
+//! happens, so no thread waits per request. Dropping [`Events`] (the client went away, the
+//! request timed out) drops the request's ticket, which cancels its sequence at once, queued or
+//! running: its blocks are freed at the scheduler's next step.
 
-use kvb_engine::{EngineError, Event, RequestHandle};
-use std::time::Duration;
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use super::app::ServedEngine;
+use kvb_engine::{EngineError, Event, EventSink, Request, RequestTicket};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
-/// How often a waiting forwarder checks whether anyone still listens (a request queued behind
-/// others sends nothing for a while).
-const POLL: Duration = Duration::from_millis(50);
+/// The engine's side: a send never blocks the scheduler.
+struct PushTo(UnboundedSender<Event>);
 
-/// The events of `handle`, as an async channel that ends after `Finished`.
-pub fn forward(handle: RequestHandle) -> UnboundedReceiver<Event> {
-    let (tx, rx) = unbounded_channel();
-    tokio::task::spawn_blocking(move || loop {
-        match handle.next_event_timeout(POLL) {
-            Ok(Some(event)) => {
-                let last = matches!(event, Event::Finished(_));
-                if tx.send(event).is_err() || last {
-                    return; // dropping `handle` cancels a request still running
-                }
-            }
-            Ok(None) if tx.is_closed() => return,
-            Ok(None) => {}
-            Err(_) => {
-                let _ = tx.send(Event::Finished(Box::new(Err(EngineError::Stopped))));
-                return;
-            }
+impl EventSink for PushTo {
+    fn push(&self, event: Event) -> bool {
+        self.0.send(event).is_ok()
+    }
+}
+
+/// One request's events, ending after `Finished`.
+pub struct Events {
+    events: UnboundedReceiver<Event>,
+    /// Held so that dropping `Events` cancels the request.
+    _ticket: RequestTicket,
+    finished: bool,
+}
+
+impl Events {
+    /// The next event; a `Finished` with [`EngineError::Stopped`] if the engine stopped before
+    /// the request's end, and `None` after `Finished`.
+    pub async fn recv(&mut self) -> Option<Event> {
+        if self.finished {
+            return None;
         }
-    });
-    rx
+        let event = self
+            .events
+            .recv()
+            .await
+            .unwrap_or_else(|| Event::Finished(Box::new(Err(EngineError::Stopped))));
+        self.finished = matches!(event, Event::Finished(_));
+        Some(event)
+    }
+}
+
+/// Queues `request` with its events pushed to the returned channel (see
+/// [`kvb_engine::Engine::submit`] for the checks that refuse it).
+pub fn submit(engine: &dyn ServedEngine, request: Request) -> Result<Events, EngineError> {
+    let (tx, events) = unbounded_channel();
+    let ticket = engine.submit_to(request, Box::new(PushTo(tx)))?;
+    Ok(Events {
+        events,
+        _ticket: ticket,
+        finished: false,
+    })
 }

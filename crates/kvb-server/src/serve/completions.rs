@@ -4,7 +4,7 @@
 use super::api::*;
 use super::app::{AppState, Arrival, Tenant, Ticket};
 use super::body::ApiJson;
-use super::bridge::forward;
+use super::bridge::{self, Events};
 use super::chat_prompt::chat_prompt_tokens;
 use super::error::ApiError;
 use super::logprobs;
@@ -23,7 +23,6 @@ use kvb_model::ChatMessage;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Instant;
-use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::Instant as Deadline;
 
 /// Which endpoint a request came through: its object names and ids differ.
@@ -376,10 +375,7 @@ async fn run(app: Arc<AppState>, job: Job) -> Response {
     }
 }
 
-async fn submit(
-    app: &Arc<AppState>,
-    job: &Job,
-) -> Result<(Ticket, UnboundedReceiver<Event>), ApiError> {
+async fn submit(app: &Arc<AppState>, job: &Job) -> Result<(Ticket, Events), ApiError> {
     let ticket = app.admit()?;
     let engine = app.engine.clone();
     let prompt = match &job.prompt {
@@ -391,7 +387,7 @@ async fn submit(
     let request_options = job.options.clone();
     let arrival = job.arrival;
     // Tokenizing a long prompt takes milliseconds: off the async workers.
-    let handle = tokio::task::spawn_blocking(move || {
+    let events = tokio::task::spawn_blocking(move || {
         let tokens = match prompt {
             PromptInput::Text(t) => engine.tokenizer().encode(&t, false).map_err(|e| {
                 ApiError::bad_request(format!("cannot tokenize the prompt: {e}"), Some("prompt"))
@@ -412,17 +408,16 @@ async fn submit(
                 )
             });
         }
-        engine
-            .submit(kvb_engine::Request {
-                tokens,
-                options: request_options,
-                arrival,
-            })
-            .map_err(ApiError::from)
+        let request = kvb_engine::Request {
+            tokens,
+            options: request_options,
+            arrival,
+        };
+        bridge::submit(engine.as_ref(), request).map_err(ApiError::from)
     })
     .await
     .map_err(|e| ApiError::internal(format!("the submitting task failed: {e}")))??;
-    Ok((ticket, forward(handle)))
+    Ok((ticket, events))
 }
 
 fn finish_reason(r: &GenerationResult) -> &'static str {
@@ -486,10 +481,7 @@ fn log_end(app: &AppState, job: &Job, status: &str, r: Option<&GenerationResult>
 
 /// The next event before `deadline`; `Err` at the deadline (the caller drops the channel, which
 /// cancels the sequence).
-async fn next_before(
-    events: &mut UnboundedReceiver<Event>,
-    deadline: Deadline,
-) -> Result<Option<Event>, ()> {
+async fn next_before(events: &mut Events, deadline: Deadline) -> Result<Option<Event>, ()> {
     // `timeout_at` polls the channel before its timer, so an event already queued would be
     // taken past the deadline (a fast model answered a 1 us timeout with 200, now and then).
     if Deadline::now() >= deadline {
@@ -504,7 +496,7 @@ async fn whole_answer(
     app: Arc<AppState>,
     job: Job,
     _ticket: Ticket,
-    mut events: UnboundedReceiver<Event>,
+    mut events: Events,
     deadline: Deadline,
 ) -> Response {
     let mut started = None;
@@ -613,7 +605,7 @@ struct StreamState {
     app: Arc<AppState>,
     job: Job,
     _ticket: Ticket,
-    events: Option<UnboundedReceiver<Event>>,
+    events: Option<Events>,
     deadline: Deadline,
     created: u64,
     /// Events ready to go out before the next engine event is read.
@@ -808,7 +800,7 @@ async fn stream_answer(
     app: Arc<AppState>,
     job: Job,
     ticket: Ticket,
-    mut events: UnboundedReceiver<Event>,
+    mut events: Events,
     deadline: Deadline,
 ) -> Response {
     // Wait for the first token, so the headers carry TTFT and reuse, and an error before it is
