@@ -166,7 +166,15 @@ impl Sampler {
             return argmax(logits) as u32;
         }
         let mut order: Vec<usize> = (0..logits.len()).collect();
-        order.sort_unstable_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+        let first = |&a: &usize, &b: &usize| logits[b].total_cmp(&logits[a]).then(a.cmp(&b));
+        let k = self.params.top_k;
+        if k > 0 && k < order.len() {
+            // The best k first, then only they are sorted: the same ranking (the order is
+            // total), without sorting the whole vocabulary each step.
+            order.select_nth_unstable_by(k - 1, first);
+            order.truncate(k);
+        }
+        order.sort_unstable_by(first);
         self.pick(order.into_iter().map(|i| (i as u32, logits[i])).collect())
     }
 
