@@ -613,3 +613,68 @@ fn logprobs_come_in_both_shapes_streamed_or_not_and_bad_settings_are_refused() {
         assert_eq!(e["error"]["param"], param, "{e}");
     }
 }
+
+#[test]
+fn echo_puts_the_prompt_before_the_completion_whole_and_streamed() {
+    let (_d, s) = tiny_server(&[]);
+    let body = |echo: bool| {
+        json!({"model": "tiny", "prompt": "The river flows", "max_tokens": 5,
+               "temperature": 0, "echo": echo})
+    };
+    let (status, _, plain) = post(&s, "/v1/completions", &body(false));
+    assert_eq!(status, 200, "{plain}");
+    let answer = plain["choices"][0]["text"].as_str().unwrap().to_string();
+    let (status, _, echoed) = post(&s, "/v1/completions", &body(true));
+    assert_eq!(status, 200, "{echoed}");
+    assert_eq!(
+        echoed["choices"][0]["text"].as_str().unwrap(),
+        format!("The river flows{answer}")
+    );
+    assert_eq!(
+        echoed["usage"]["completion_tokens"],
+        plain["usage"]["completion_tokens"]
+    );
+
+    let mut streamed = body(true);
+    streamed["stream"] = json!(true);
+    let chunks = stream_chunks(&s, "/v1/completions", &streamed);
+    assert_eq!(chunks[0]["choices"][0]["text"], "The river flows");
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["text"].as_str())
+        .collect();
+    assert_eq!(text, format!("The river flows{answer}"));
+
+    // Token ids: their text goes first.
+    let ids = json!({"model": "tiny", "prompt": [5, 6, 7, 8], "max_tokens": 2, "temperature": 0});
+    let (_, _, plain) = post(&s, "/v1/completions", &ids);
+    let mut with_echo = ids.clone();
+    with_echo["echo"] = json!(true);
+    let (status, _, echoed) = post(&s, "/v1/completions", &with_echo);
+    assert_eq!(status, 200, "{echoed}");
+    let (a, e) = (
+        plain["choices"][0]["text"].as_str().unwrap(),
+        echoed["choices"][0]["text"].as_str().unwrap(),
+    );
+    assert!(e.len() > a.len() && e.ends_with(a), "{e:?} after {a:?}");
+
+    // Not with logprobs; not on chat; `echo: false` on chat changes nothing.
+    let mut both = body(true);
+    both["logprobs"] = json!(1);
+    let (status, _, v) = post(&s, "/v1/completions", &both);
+    assert_eq!(
+        (status, v["error"]["param"].as_str()),
+        (400, Some("echo")),
+        "{v}"
+    );
+    let mut on_chat = chat("Hi.", 2);
+    on_chat["echo"] = json!(true);
+    let (status, _, v) = post(&s, "/v1/chat/completions", &on_chat);
+    assert_eq!(
+        (status, v["error"]["param"].as_str()),
+        (400, Some("echo")),
+        "{v}"
+    );
+    on_chat["echo"] = json!(false);
+    assert_eq!(post(&s, "/v1/chat/completions", &on_chat).0, 200);
+}

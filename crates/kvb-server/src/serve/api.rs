@@ -300,6 +300,9 @@ pub struct CompletionRequest {
     /// its position (in `choices[].logprobs`).
     #[schema(minimum = 0, maximum = 20)]
     pub logprobs: Option<u32>,
+    /// Return the prompt's text before the completion in `choices[].text` (streamed: as the
+    /// first chunk). Not with `logprobs`: the prompt's log-probabilities are not computed.
+    pub echo: Option<bool>,
     /// Model, sampling and streaming settings.
     #[serde(flatten)]
     pub sampling: Sampling,

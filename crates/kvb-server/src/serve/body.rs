@@ -123,6 +123,7 @@ impl JsonBody for CompletionRequest {
         Ok(CompletionRequest {
             prompt: field(v, "prompt")?,
             logprobs: optional_field(v, "logprobs")?,
+            echo: optional_field(v, "echo")?,
             sampling: whole(v)?,
         })
     }

@@ -54,6 +54,8 @@ struct Job {
     tools: Option<Tools>,
     /// Its tenant's name in `/metrics` (with several API keys).
     tenant: Option<String>,
+    /// The prompt's text, to go before the completion's (`echo`, completions only).
+    echo: Option<String>,
 }
 
 enum PromptInput {
@@ -152,12 +154,37 @@ pub async fn completions(
         )),
         n => Ok(n.map(|n| n as usize)),
     };
+    let echo = req.echo == Some(true);
+    if echo && req.logprobs.is_some() {
+        let e = ApiError::bad_request(
+            "`echo` with `logprobs` is not served: the prompt's log-probabilities are not computed",
+            Some("echo"),
+        );
+        return refuse(&app, Kind::Text, e, arrival);
+    }
     let sampling = logprobs.map(|l| (req.sampling, l));
     let tenant = tenant.map(|t| t.0).unwrap_or_default();
-    match prompt.and_then(|p| job(&app, Kind::Text, p, sampling?, (arrival, tenant))) {
+    let job = prompt.and_then(|p| {
+        let echo = match (&p, echo) {
+            (_, false) => None,
+            (PromptInput::Text(t), true) => Some(t.clone()),
+            (PromptInput::Tokens(t), true) => Some(echoed_tokens(&app, t)?),
+            (PromptInput::Chat(_), true) => None,
+        };
+        let job = job(&app, Kind::Text, p, sampling?, (arrival, tenant))?;
+        Ok(Job { echo, ..job })
+    });
+    match job {
         Ok(job) => run(app, job).await,
         Err(e) => refuse(&app, Kind::Text, e, arrival),
     }
+}
+
+/// The text of a prompt given as token ids, for `echo`.
+fn echoed_tokens(app: &AppState, tokens: &[u32]) -> Result<String, ApiError> {
+    app.engine.tokenizer().decode(tokens, false).map_err(|e| {
+        ApiError::bad_request(format!("cannot decode the prompt: {e}"), Some("prompt"))
+    })
 }
 
 /// The messages of a request for the chat template; none at all, an unknown role or a content
@@ -303,6 +330,7 @@ fn job(
         arrival: arrival.0,
         tools: None,
         tenant: tenant.label,
+        echo: None,
     })
 }
 
@@ -580,7 +608,7 @@ async fn whole_answer(
             model: app.settings.model_name.clone(),
             choices: vec![CompletionChoice {
                 index: 0,
-                text: r.output_text.clone(),
+                text: job.echo.clone().unwrap_or_default() + &r.output_text,
                 logprobs: job
                     .options
                     .logprobs
@@ -846,6 +874,10 @@ async fn stream_answer(
     };
     if state.job.kind == Kind::Chat {
         let first = state.chunk(Some(String::new()), true, None, None);
+        state.pending.push_back(first);
+    }
+    if let Some(prompt) = state.job.echo.clone() {
+        let first = state.chunk(Some(prompt), false, None, None);
         state.pending.push_back(first);
     }
     (headers, Sse::new(sse_events(state))).into_response()

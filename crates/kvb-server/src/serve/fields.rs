@@ -37,7 +37,7 @@ pub const CHAT: &[&str] = &[
 ];
 
 /// Fields of `/v1/completions` besides [`SAMPLING`].
-pub const COMPLETION: &[&str] = &["prompt", "logprobs"];
+pub const COMPLETION: &[&str] = &["prompt", "logprobs", "echo"];
 
 /// Accepted and without effect on the answer: who asks, labels, and OpenAI's own storage and
 /// routing settings.
