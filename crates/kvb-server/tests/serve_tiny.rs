@@ -272,7 +272,7 @@ fn bad_requests_get_openai_errors_and_the_server_keeps_answering() {
         Some("model_not_found"),
     );
     expect(
-        &format!(r#"{{"model": "tiny", {ok_messages}, "n": 2}}"#),
+        &format!(r#"{{"model": "tiny", {ok_messages}, "n": 17}}"#),
         400,
         Some("n"),
         None,
@@ -456,7 +456,7 @@ fn the_openapi_document_describes_every_route_and_each_answers() {
     let sampling = &schemas["Sampling"]["properties"];
     assert_eq!(sampling["model"]["enum"], json!(["tiny"]));
     assert_eq!(sampling["temperature"]["maximum"].as_f64(), Some(2.0));
-    assert_eq!(sampling["n"]["maximum"].as_f64(), Some(1.0));
+    assert_eq!(sampling["n"]["maximum"].as_f64(), Some(16.0));
     assert_eq!(sampling["max_tokens"]["minimum"].as_f64(), Some(1.0));
     let chat = &schemas["ChatCompletionRequest"]["allOf"][1]["properties"];
     assert_eq!(chat["messages"]["minItems"], json!(1));
@@ -677,4 +677,62 @@ fn echo_puts_the_prompt_before_the_completion_whole_and_streamed() {
     );
     on_chat["echo"] = json!(false);
     assert_eq!(post(&s, "/v1/chat/completions", &on_chat).0, 200);
+}
+
+#[test]
+fn n_answers_are_the_copies_seeded_one_after_another() {
+    let (_d, s) = tiny_server(&[]);
+    let body = |n: u32, seed: u64| {
+        json!({"model": "tiny", "prompt": "The river flows", "max_tokens": 6,
+               "temperature": 1.0, "seed": seed, "n": n})
+    };
+    let (status, _, many) = post(&s, "/v1/completions", &body(3, 5));
+    assert_eq!(status, 200, "{many}");
+    let choices = many["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3);
+    let mut generated = 0;
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i);
+        // Copy i is what the one request seeded `5 + i` answers.
+        let (_, _, one) = post(&s, "/v1/completions", &body(1, 5 + i as u64));
+        assert_eq!(c["text"], one["choices"][0]["text"], "copy {i}");
+        generated += one["usage"]["completion_tokens"].as_u64().unwrap();
+    }
+    let (_, _, one) = post(&s, "/v1/completions", &body(1, 5));
+    let u = &many["usage"];
+    assert_eq!(
+        u["prompt_tokens"], one["usage"]["prompt_tokens"],
+        "the prompt counts once"
+    );
+    assert_eq!(u["completion_tokens"].as_u64(), Some(generated));
+
+    // Greedy copies are equal; chat answers with as many choices.
+    let mut greedy = chat("Tell me about rivers.", 4);
+    greedy["n"] = json!(2);
+    let (status, _, v) = post(&s, "/v1/chat/completions", &greedy);
+    assert_eq!(status, 200, "{v}");
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 2);
+    assert_eq!(choices[0]["message"], choices[1]["message"]);
+    assert_eq!(choices[1]["index"], 1);
+
+    for bad in [json!(0), json!(17)] {
+        let mut b = body(1, 1);
+        b["n"] = bad;
+        let (status, _, v) = post(&s, "/v1/completions", &b);
+        assert_eq!(
+            (status, v["error"]["param"].as_str()),
+            (400, Some("n")),
+            "{v}"
+        );
+    }
+    let mut streamed = body(2, 1);
+    streamed["stream"] = json!(true);
+    let (status, _, v) = post(&s, "/v1/completions", &streamed);
+    assert_eq!(
+        (status, v["error"]["param"].as_str()),
+        (400, Some("n")),
+        "{v}"
+    );
+    s.idle();
 }

@@ -106,8 +106,10 @@ pub struct Sampling {
     pub stream: bool,
     /// Streaming options.
     pub stream_options: Option<StreamOptions>,
-    /// Answers per request: only 1 is served.
-    #[schema(minimum = 1, maximum = 1)]
+    /// Answers per request, 1 to 16 (above 1 not with `stream` yet): copies of the prompt
+    /// sampled with seeds `seed`, `seed + 1`, ..., which wait for the first copy's prefill and
+    /// reuse its blocks.
+    #[schema(minimum = 1, maximum = 16)]
     pub n: Option<u32>,
     /// Structured output: the answer is JSON (an object, or valid against a schema), by
     /// constrained decoding.

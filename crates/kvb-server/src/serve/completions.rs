@@ -56,6 +56,8 @@ struct Job {
     tenant: Option<String>,
     /// The prompt's text, to go before the completion's (`echo`, completions only).
     echo: Option<String>,
+    /// Answers asked for (`n`): copies of the prompt, each its own sequence.
+    n: usize,
 }
 
 enum PromptInput {
@@ -262,6 +264,8 @@ fn message(m: &ChatMessageIn, i: usize) -> Result<ChatMessage, ApiError> {
 
 /// The most likely tokens a request may ask to see at each position (OpenAI's bound for chat).
 const MAX_TOP_LOGPROBS: u32 = 20;
+/// The most answers one request may ask for (`n`): each is a sequence in the batch.
+const MAX_CHOICES: usize = 16;
 
 /// Checks the settings shared by both endpoints; `logprobs` is how many of the most likely
 /// tokens to report beside each generated one (`None`: no log-probabilities).
@@ -275,8 +279,18 @@ fn job(
     if s.model != app.settings.model_name {
         return Err(ApiError::unknown_model(&s.model, &app.settings.model_name));
     }
-    if s.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::bad_request("only n = 1 is served", Some("n")));
+    let n = s.n.unwrap_or(1) as usize;
+    if !(1..=MAX_CHOICES).contains(&n) {
+        return Err(ApiError::bad_request(
+            format!("`n` must be 1 to {MAX_CHOICES}"),
+            Some("n"),
+        ));
+    }
+    if n > 1 && s.stream {
+        return Err(ApiError::bad_request(
+            "`n` above 1 is not served with `stream` yet",
+            Some("n"),
+        ));
     }
     let sampling = sampling_params(&s, app.engine.tokenizer().vocab_size())?;
     let (max_tokens, param) = match (s.max_completion_tokens, s.max_tokens) {
@@ -331,6 +345,7 @@ fn job(
         tools: None,
         tenant: tenant.label,
         echo: None,
+        n,
     })
 }
 
@@ -391,20 +406,24 @@ async fn run(app: Arc<AppState>, job: Job) -> Response {
     let kind = job.kind;
     let arrival = job.arrival;
     let deadline = Deadline::from_std(arrival + app.settings.request_timeout);
-    let started = match submit(&app, &job).await {
+    let mut copies = match submit(&app, &job).await {
         Ok(s) => s,
         Err(e) => return refuse(&app, kind, e, Arrival(arrival)),
     };
-    let (ticket, events) = started;
     if job.stream {
+        let (ticket, events) = copies.remove(0);
         stream_answer(app, job, ticket, events, deadline).await
     } else {
-        whole_answer(app, job, ticket, events, deadline).await
+        whole_answer(app, job, copies, deadline).await
     }
 }
 
-async fn submit(app: &Arc<AppState>, job: &Job) -> Result<(Ticket, Events), ApiError> {
-    let ticket = app.admit()?;
+/// Admits, tokenizes and submits the job's `n` copies (seeds `seed`, `seed + 1`, ...): the
+/// prompt's K/V is computed once and its blocks shared.
+async fn submit(app: &Arc<AppState>, job: &Job) -> Result<Vec<(Ticket, Events)>, ApiError> {
+    let tickets = (0..job.n)
+        .map(|_| app.admit())
+        .collect::<Result<Vec<_>, _>>()?;
     let engine = app.engine.clone();
     let prompt = match &job.prompt {
         PromptInput::Text(t) => PromptInput::Text(t.clone()),
@@ -413,7 +432,7 @@ async fn submit(app: &Arc<AppState>, job: &Job) -> Result<(Ticket, Events), ApiE
     };
     let trusted = app.settings.trust_message_special_tokens;
     let request_options = job.options.clone();
-    let arrival = job.arrival;
+    let (arrival, copies) = (job.arrival, job.n);
     // Tokenizing a long prompt takes milliseconds: off the async workers.
     let events = tokio::task::spawn_blocking(move || {
         let tokens = match prompt {
@@ -436,16 +455,23 @@ async fn submit(app: &Arc<AppState>, job: &Job) -> Result<(Ticket, Events), ApiE
                 )
             });
         }
-        let request = kvb_engine::Request {
-            tokens,
-            options: request_options,
-            arrival,
-        };
-        bridge::submit(engine.as_ref(), request).map_err(ApiError::from)
+        let seed = request_options.sampling.seed;
+        (0..copies)
+            .map(|i| {
+                let mut options = request_options.clone();
+                options.sampling.seed = seed.wrapping_add(i as u64);
+                let request = kvb_engine::Request {
+                    tokens: tokens.clone(),
+                    options,
+                    arrival,
+                };
+                bridge::submit(engine.as_ref(), request).map_err(ApiError::from)
+            })
+            .collect::<Result<Vec<_>, _>>()
     })
     .await
     .map_err(|e| ApiError::internal(format!("the submitting task failed: {e}")))??;
-    Ok((ticket, events))
+    Ok(tickets.into_iter().zip(events).collect())
 }
 
 fn finish_reason(r: &GenerationResult) -> &'static str {
@@ -453,6 +479,14 @@ fn finish_reason(r: &GenerationResult) -> &'static str {
         Some(StopReason::MaxTokens | StopReason::ContextFull) => "length",
         _ => "stop",
     }
+}
+
+/// Usage of a request's copies: the prompt once, every copy's generated tokens.
+fn usage_of_copies(results: &[GenerationResult]) -> Usage {
+    let mut u = usage(&results[0]);
+    u.completion_tokens = results.iter().map(|r| r.token_ids.len()).sum();
+    u.total_tokens = u.prompt_tokens + u.completion_tokens;
+    u
 }
 
 fn usage(r: &GenerationResult) -> Usage {
@@ -482,18 +516,19 @@ fn reuse_headers(s: &Started) -> HeaderMap {
 }
 
 /// Logs and counts a request that reached the engine.
-fn log_end(app: &AppState, job: &Job, status: &str, r: Option<&GenerationResult>) {
+fn log_end(app: &AppState, job: &Job, status: &str, results: &[GenerationResult]) {
     let seconds = job.arrival.elapsed().as_secs_f64();
-    let generated = r.map_or(0, |r| r.token_ids.len());
+    let generated = results.iter().map(|r| r.token_ids.len()).sum();
     app.metrics
         .ended(job.kind.endpoint(), status, seconds, generated);
-    match r {
+    match results.first() {
         Some(r) => tracing::info!(
             id = %job.id,
             status,
             prompt_tokens = r.prompt_tokens,
             cached_tokens = r.cached_tokens,
             generated,
+            choices = results.len(),
             ttft_ms = format!("{:.1}", r.ttft_ms),
             total_ms = format!("{:.1}", seconds * 1e3),
             queue_ms = format!("{:.1}", r.stages.queue.as_secs_f64() * 1e3),
@@ -520,85 +555,85 @@ async fn next_before(events: &mut Events, deadline: Deadline) -> Result<Option<E
         .map_err(|_| ())
 }
 
-async fn whole_answer(
-    app: Arc<AppState>,
-    job: Job,
-    _ticket: Ticket,
-    mut events: Events,
+/// One copy's events until its end: its `Started` (counted in the metrics when `count`) and
+/// result.
+async fn collect(
+    app: &AppState,
+    job: &Job,
+    events: &mut Events,
     deadline: Deadline,
-) -> Response {
+    count: bool,
+) -> Result<(Option<Started>, GenerationResult), ApiError> {
     let mut started = None;
-    let result = loop {
-        match next_before(&mut events, deadline).await {
+    loop {
+        match next_before(events, deadline).await {
             Err(()) => {
-                log_end(&app, &job, "timeout", None);
-                return ApiError::timeout(app.settings.request_timeout.as_secs_f64())
-                    .into_response();
+                return Err(ApiError::timeout(
+                    app.settings.request_timeout.as_secs_f64(),
+                ))
             }
             Ok(Some(Event::Started(s))) => {
-                app.metrics.started(
-                    s.ttft_ms,
-                    (s.prompt_tokens, s.cached_tokens()),
-                    job.tenant.as_deref(),
-                );
+                if count {
+                    app.metrics.started(
+                        s.ttft_ms,
+                        (s.prompt_tokens, s.cached_tokens()),
+                        job.tenant.as_deref(),
+                    );
+                }
                 started = Some(s);
             }
             Ok(Some(Event::Token { .. })) => {}
-            Ok(Some(Event::Finished(r))) => break *r,
-            Ok(None) => break Err(kvb_engine::EngineError::Stopped),
+            Ok(Some(Event::Finished(r))) => return Ok((started, (*r)?)),
+            Ok(None) => return Err(kvb_engine::EngineError::Stopped.into()),
         }
-    };
-    let r = match result {
-        Ok(r) => r,
-        Err(e) => {
-            let e = ApiError::from(e);
-            log_end(&app, &job, e.label(), None);
-            return e.into_response();
+    }
+}
+
+/// The answer in one body: a choice per copy, in order. The prompt is counted once (its
+/// copies share its blocks; the first copy's `Started` gives the headers and the metrics).
+async fn whole_answer(
+    app: Arc<AppState>,
+    job: Job,
+    mut copies: Vec<(Ticket, Events)>,
+    deadline: Deadline,
+) -> Response {
+    let collected = futures_util::future::join_all(
+        copies
+            .iter_mut()
+            .enumerate()
+            .map(|(i, (_, events))| collect(&app, &job, events, deadline, i == 0)),
+    )
+    .await;
+    let mut started = None;
+    let mut results = Vec::with_capacity(collected.len());
+    for c in collected {
+        match c {
+            Ok((s, r)) => {
+                started = started.or(s);
+                results.push(r);
+            }
+            Err(e) => {
+                log_end(&app, &job, e.label(), &[]);
+                return e.into_response();
+            }
         }
-    };
-    log_end(&app, &job, "ok", Some(&r));
+    }
+    drop(copies);
+    log_end(&app, &job, "ok", &results);
     let headers = started.as_ref().map(reuse_headers).unwrap_or_default();
-    let calls = job.tools.as_ref().and_then(|t| t.parse(&r.output_text));
+    let usage = usage_of_copies(&results);
     let body = match job.kind {
         Kind::Chat => Json(ChatCompletion {
             id: job.id.clone(),
             object: "chat.completion",
             created: unix_now(),
             model: app.settings.model_name.clone(),
-            choices: vec![ChatChoice {
-                index: 0,
-                message: match &calls {
-                    Some((before, calls)) => ChatMessageOut {
-                        role: "assistant",
-                        content: before.clone(),
-                        tool_calls: Some(
-                            calls
-                                .iter()
-                                .map(|c| ToolCallOut {
-                                    id: app.new_id("call"),
-                                    kind: "function",
-                                    function: c.clone().into(),
-                                })
-                                .collect(),
-                        ),
-                    },
-                    None => ChatMessageOut {
-                        role: "assistant",
-                        content: Some(r.output_text.clone()),
-                        tool_calls: None,
-                    },
-                },
-                logprobs: job
-                    .options
-                    .logprobs
-                    .map(|_| logprobs::chat(app.engine.tokenizer(), &r.logprobs)),
-                finish_reason: if calls.is_some() {
-                    "tool_calls"
-                } else {
-                    finish_reason(&r)
-                },
-            }],
-            usage: usage(&r),
+            choices: results
+                .iter()
+                .enumerate()
+                .map(|(i, r)| chat_choice(&app, &job, i, r))
+                .collect(),
+            usage,
         })
         .into_response(),
         Kind::Text => Json(Completion {
@@ -606,20 +641,62 @@ async fn whole_answer(
             object: "text_completion",
             created: unix_now(),
             model: app.settings.model_name.clone(),
-            choices: vec![CompletionChoice {
-                index: 0,
-                text: job.echo.clone().unwrap_or_default() + &r.output_text,
-                logprobs: job
-                    .options
-                    .logprobs
-                    .map(|_| logprobs::completion(app.engine.tokenizer(), &r.logprobs, &mut 0)),
-                finish_reason: Some(finish_reason(&r)),
-            }],
-            usage: Some(usage(&r)),
+            choices: results
+                .iter()
+                .enumerate()
+                .map(|(i, r)| CompletionChoice {
+                    index: i as u32,
+                    text: job.echo.clone().unwrap_or_default() + &r.output_text,
+                    logprobs: job
+                        .options
+                        .logprobs
+                        .map(|_| logprobs::completion(app.engine.tokenizer(), &r.logprobs, &mut 0)),
+                    finish_reason: Some(finish_reason(r)),
+                })
+                .collect(),
+            usage: Some(usage),
         })
         .into_response(),
     };
     (headers, body).into_response()
+}
+
+/// Copy `index`'s chat choice: its text, or the tool calls it wrote.
+fn chat_choice(app: &AppState, job: &Job, index: usize, r: &GenerationResult) -> ChatChoice {
+    let calls = job.tools.as_ref().and_then(|t| t.parse(&r.output_text));
+    ChatChoice {
+        index: index as u32,
+        message: match &calls {
+            Some((before, calls)) => ChatMessageOut {
+                role: "assistant",
+                content: before.clone(),
+                tool_calls: Some(
+                    calls
+                        .iter()
+                        .map(|c| ToolCallOut {
+                            id: app.new_id("call"),
+                            kind: "function",
+                            function: c.clone().into(),
+                        })
+                        .collect(),
+                ),
+            },
+            None => ChatMessageOut {
+                role: "assistant",
+                content: Some(r.output_text.clone()),
+                tool_calls: None,
+            },
+        },
+        logprobs: job
+            .options
+            .logprobs
+            .map(|_| logprobs::chat(app.engine.tokenizer(), &r.logprobs)),
+        finish_reason: if calls.is_some() {
+            "tool_calls"
+        } else {
+            finish_reason(r)
+        },
+    }
 }
 
 fn unix_now() -> u64 {
@@ -772,7 +849,7 @@ impl StreamState {
             }
             Some(Event::Finished(r)) => match *r {
                 Ok(r) => {
-                    log_end(&self.app, &self.job, "ok", Some(&r));
+                    log_end(&self.app, &self.job, "ok", std::slice::from_ref(&r));
                     let mut finish = finish_reason(&r);
                     let held = self.tool_stream.take().zip(self.job.tools.as_ref());
                     match held.map(|(stream, tools)| stream.finish(tools)) {
@@ -802,7 +879,7 @@ impl StreamState {
     }
 
     fn fail(&mut self, e: ApiError) {
-        log_end(&self.app, &self.job, e.label(), None);
+        log_end(&self.app, &self.job, e.label(), &[]);
         self.pending.push_back(Self::json(&e.body()));
         self.end();
     }
@@ -819,7 +896,7 @@ impl Drop for StreamState {
     /// the channel.
     fn drop(&mut self) {
         if !self.done {
-            log_end(&self.app, &self.job, "cancelled", None);
+            log_end(&self.app, &self.job, "cancelled", &[]);
         }
     }
 }
@@ -836,7 +913,7 @@ async fn stream_answer(
     let started = loop {
         match next_before(&mut events, deadline).await {
             Err(()) => {
-                log_end(&app, &job, "timeout", None);
+                log_end(&app, &job, "timeout", &[]);
                 return ApiError::timeout(app.settings.request_timeout.as_secs_f64())
                     .into_response();
             }
@@ -846,7 +923,7 @@ async fn stream_answer(
                     Err(e) => ApiError::from(e),
                     Ok(_) => ApiError::internal("the request ended before its first token"),
                 };
-                log_end(&app, &job, e.label(), None);
+                log_end(&app, &job, e.label(), &[]);
                 return e.into_response();
             }
             Ok(Some(Event::Token { .. })) => {}
