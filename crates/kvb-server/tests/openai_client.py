@@ -96,10 +96,15 @@ for t in content:
     assert t.token == t.top_logprobs[0].token and t.logprob == t.top_logprobs[0].logprob, t
     assert [a.logprob for a in t.top_logprobs] == sorted((a.logprob for a in t.top_logprobs), reverse=True)
 
+# Several answers: one choice each, in order; greedy copies are equal.
+pair = client.chat.completions.create(model=model, messages=messages, max_tokens=4, temperature=0, n=2)
+assert [c.index for c in pair.choices] == [0, 1], pair
+assert pair.choices[0].message.content == pair.choices[1].message.content, pair
+
 # Errors arrive as the SDK's typed exceptions.
 try:
-    client.chat.completions.create(model=model, messages=messages, n=2)
-    raise AssertionError("n=2 was accepted")
+    client.chat.completions.create(model=model, messages=messages, n=17)
+    raise AssertionError("n=17 was accepted")
 except openai.BadRequestError as e:
     assert e.status_code == 400
 try:
