@@ -9,6 +9,7 @@ use crate::request::{EventSink, Request, RequestHandle, RequestState, RequestTic
 use crate::result::{GenerationResult, PoolStats, WarmResult};
 use crate::scheduler::{Command, Scheduler};
 use crate::sequence::Sequence;
+use crate::shared::Shared;
 use crate::EngineError;
 use crossbeam::channel::{unbounded, Sender};
 use kvb_chunk::{boundary_tokens, ChunkConfig, ChunkStrategy};
@@ -24,26 +25,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
-
-/// What the engine and its scheduler thread share.
-pub(crate) struct Shared<B: ModelBackend> {
-    pub model: Model<B>,
-    pub tokenizer: Tokenizer,
-    pub store: ChunkStore,
-    pub namespace: Namespace,
-    pub chunking: ChunkConfig,
-    pub config: EngineConfig,
-    /// How the store keeps K/V ([`EngineConfig::kv_precision`], or f16 for "as computed" from
-    /// an f16 pool: the same values at half the bytes).
-    pub store_format: KvFormat,
-    pub eos: Vec<u32>,
-    /// The weights' identity the namespace was built from (a sibling engine reuses it).
-    pub fingerprint: Vec<u8>,
-    /// Written by the scheduler after each step.
-    pub stats: Mutex<PoolStats>,
-    /// Grammars compile against this.
-    pub grammars: Grammars,
-}
 
 /// A model with a K/V pool and a chunk store: the kvb engine.
 ///

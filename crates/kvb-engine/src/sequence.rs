@@ -128,18 +128,6 @@ impl Sequence {
         self.work.is_empty() && self.filled >= self.prefill_len
     }
 
-    /// Prompt rows its prefill has still to compute, as far as known (a reused run adds its
-    /// repaired rows when it is placed).
-    pub fn prefill_rows_left(&self) -> usize {
-        self.work
-            .iter()
-            .map(|w| match w {
-                Work::Compute(slots) => slots.len(),
-                Work::Place { .. } => 0,
-            })
-            .sum()
-    }
-
     /// Slots below this hold final K/V (no repair pending on them).
     pub fn final_until(&self) -> usize {
         self.work

@@ -6,10 +6,11 @@
 //! 1. commands in (new requests, cancellations, reset, flush);
 //! 2. admission: requests whose blocks fit are planned (pool tree, store, interior), given their
 //!    blocks and their cached K/V, oldest first ([`admit`]);
-//! 3. one ragged batch: one row for each decoding sequence, then the next slice of each prefilling
-//!    one, up to the step's token budget (chunked prefill; a slice is cut to fill a step only
-//!    where that saves a step, see `step::PrefillBudget`); reused runs are placed and repaired
-//!    when a prefill reaches them ([`place`]);
+//! 3. one ragged batch, as the policy plans it from a view of the running sequences
+//!    ([`policy`]: pure, tested without a model): one row for each decoding sequence, then the
+//!    next slice of each prefilling one, up to the step's token budget (chunked prefill; a slice
+//!    is cut to fill a step only where that saves a step); reused runs are placed and repaired
+//!    when the plan reaches them ([`place`]);
 //! 4. one forward pass; each sequence whose row produced logits samples, streams, and may stop
 //!    ([`step`]); finished sequences index their blocks and free their table. Their new chunks
 //!    reach the chunk store when the pool evicts them, or when a prompt finds one by content
@@ -21,14 +22,15 @@
 
 mod admit;
 mod place;
+mod policy;
 mod step;
 
 use crate::blocks::{BlockManager, Removed};
-use crate::engine::Shared;
 use crate::request::Event;
 use crate::resident_chunks::ResidentChunks;
 use crate::result::PoolStats;
 use crate::sequence::Sequence;
+use crate::shared::Shared;
 use crate::store_write::StoreWriter;
 use crate::EngineError;
 use crossbeam::channel::{Receiver, Sender};

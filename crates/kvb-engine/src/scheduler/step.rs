@@ -1,6 +1,7 @@
 //! One scheduler step: a ragged batch over every running sequence, one forward pass, then
 //! sampling, streaming, indexing, finishing.
 
+use super::policy::{plan_step, preemption_victim, Budgets, Pending, SeqView, Slice, StepPlan};
 use super::Scheduler;
 use crate::config::GenerationMode;
 use crate::request::Event;
@@ -13,41 +14,6 @@ use kvb_model::generate::{
 };
 use kvb_model::{ForwardBatch, LogitsFor, ModelBackend, SeqRows};
 use std::time::Instant;
-
-/// How a step's prefill rows are shared out.
-#[derive(Clone, Copy, Debug)]
-struct PrefillBudget {
-    /// Prefill rows of a whole step.
-    step: usize,
-    /// Of those, what this step has left.
-    left: usize,
-}
-
-impl PrefillBudget {
-    /// Rows a step takes of a prefill slice of `next` rows, when `queued` rows (that slice's and
-    /// those of every prefill after it in this step; at least `next`) are known and `backlog`
-    /// says whether requests also wait to be admitted.
-    ///
-    /// A slice that does not fit what is left is cut to fill it only when that saves a step on
-    /// the known work: otherwise it finishes in the same later step either way, and waiting
-    /// whole keeps this step shorter for every sequence in it. Measured with `cargo xtask bench
-    /// server` (chats behind one system prompt, 2 cores, 3 runs each): at 16 clients, whose turns
-    /// often arrive two at a time, always cutting gave warm-turn TTFT p50 165-183 ms (p99
-    /// 309-347), this rule 146-149 (280-313), never cutting 147-164 (182-212); at 64 clients
-    /// never cutting left every step's tail unused and TTFT p50 went from 1.9 to 3.5 s, where
-    /// this rule stays at 1.9. Never more than `left`; never 0 from an untouched step, so the
-    /// oldest prefill always advances.
-    fn take(&self, next: usize, queued: usize, backlog: bool) -> usize {
-        let steps = |rows: usize| rows.div_ceil(self.step.max(1));
-        let queued = queued.max(next);
-        let waiting_saves_nothing = steps(queued) == steps(queued.saturating_sub(self.left));
-        if next > self.left && self.left < self.step && !backlog && waiting_saves_nothing {
-            0
-        } else {
-            next.min(self.left)
-        }
-    }
-}
 
 /// What a step's pass hands back for its sampled rows.
 enum Sampled {
@@ -94,80 +60,39 @@ impl<B: ModelBackend> Scheduler<B> {
     pub(super) fn step(&mut self) {
         self.make_room_for_decoding();
         let mut running = std::mem::take(&mut self.running);
-        let mut members: Vec<Member> = Vec::new();
         let mut failed: Vec<(usize, EngineError)> = Vec::new();
-        let config = &self.shared.config;
-        let decoding = running.iter().filter(|s| s.decoding()).count();
-        let mut budget = if decoding > 0 {
-            config
-                .prefill_tokens_while_decoding
-                .min(config.max_batch_tokens.saturating_sub(decoding))
-        } else {
-            config.max_batch_tokens
-        };
-        for (i, s) in running.iter().enumerate() {
-            if s.decoding() {
-                members.push(Member {
-                    seq: i,
-                    slots: vec![s.filled],
-                    decode: true,
-                    sample: true,
-                });
-            }
-        }
-        // Prefill slices, oldest first, within what the step has left (chunked prefill).
-        let step_budget = budget;
-        let backlog = !self.waiting.is_empty();
-        // Rows of each prefill and of every prefill after it.
-        let mut queued: Vec<usize> = running.iter().map(|s| s.prefill_rows_left()).collect();
-        for i in (0..queued.len().saturating_sub(1)).rev() {
-            queued[i] += queued[i + 1];
-        }
-        for (i, s) in running.iter_mut().enumerate() {
-            if s.decoding() {
-                continue;
-            }
-            while budget > 0 {
-                match s.work.pop_front() {
-                    Some(Work::Place { pieces, seams }) => {
-                        if let Err(e) = self.place(s, pieces, seams) {
-                            failed.push((i, e));
-                            break;
-                        }
-                    }
-                    Some(Work::Compute(mut slots)) => {
-                        let b = PrefillBudget {
-                            step: step_budget,
-                            left: budget,
-                        };
-                        let take = b.take(slots.len(), queued[i], backlog);
-                        let rest = slots.split_off(take);
-                        if !rest.is_empty() {
-                            s.work.push_front(Work::Compute(rest));
-                        }
-                        budget -= take;
-                        if slots.is_empty() {
-                            if take == 0 {
-                                break; // waits for a step with room for all of it
-                            }
-                            continue;
-                        }
-                        s.stats.prefill_passes += 1;
-                        let last = *slots.last().expect("not empty");
-                        s.stats.prefill_started.get_or_insert_with(Instant::now);
-                        members.push(Member {
-                            seq: i,
-                            sample: s.work.is_empty()
-                                && last + 1 == s.prefill_len
-                                && s.run.stop().is_none(),
-                            slots,
-                            decode: false,
-                        });
-                        break;
-                    }
-                    None => break,
+        let plan = self.place_reached_runs(&mut running, &mut failed);
+        let mut members: Vec<Member> = Vec::new();
+        for (i, slice) in plan.slices {
+            let s = &mut running[i];
+            let rows = match slice {
+                Slice::Decode => {
+                    members.push(Member {
+                        seq: i,
+                        slots: vec![s.filled],
+                        decode: true,
+                        sample: true,
+                    });
+                    continue;
                 }
+                Slice::Prefill { rows, .. } => rows,
+            };
+            let Some(Work::Compute(mut slots)) = s.work.pop_front() else {
+                unreachable!("the plan's places are done: a slice computes");
+            };
+            let rest = slots.split_off(rows);
+            if !rest.is_empty() {
+                s.work.push_front(Work::Compute(rest));
             }
+            s.stats.prefill_passes += 1;
+            let last = *slots.last().expect("a slice has rows");
+            s.stats.prefill_started.get_or_insert_with(Instant::now);
+            members.push(Member {
+                seq: i,
+                sample: s.work.is_empty() && last + 1 == s.prefill_len && s.run.stop().is_none(),
+                slots,
+                decode: false,
+            });
         }
         // Grammar masks that sampling needs are worked out on another thread while the forward
         // pass runs (greedy decoding checks its best token alone, after it).
@@ -408,6 +333,54 @@ impl<B: ModelBackend> Scheduler<B> {
         Ok(step.stop.is_some())
     }
 
+    /// Places the reused runs the policy's plan reaches, oldest first, planning again after
+    /// each sequence's (a placed run's repair adds rows to the slice after it), and returns the
+    /// plan of the step, every place done. A sequence whose place fails is in `failed` and out
+    /// of the plan.
+    fn place_reached_runs(
+        &mut self,
+        running: &mut [Sequence],
+        failed: &mut Vec<(usize, EngineError)>,
+    ) -> StepPlan {
+        let config = &self.shared.config;
+        let budgets = Budgets {
+            max_batch_tokens: config.max_batch_tokens,
+            prefill_tokens_while_decoding: config.prefill_tokens_while_decoding,
+        };
+        let backlog = !self.waiting.is_empty();
+        loop {
+            let views: Vec<SeqView> = running
+                .iter()
+                .enumerate()
+                .map(|(i, s)| match failed.iter().any(|(f, _)| *f == i) {
+                    true => SeqView {
+                        decoding: false,
+                        work: Vec::new(),
+                    },
+                    false => view(s),
+                })
+                .collect();
+            let plan = plan_step(&views, budgets, backlog);
+            let first = plan.slices.iter().find_map(|&(i, s)| match s {
+                Slice::Prefill { places, .. } if places > 0 => Some((i, places)),
+                _ => None,
+            });
+            let Some((i, places)) = first else {
+                return plan;
+            };
+            let s = &mut running[i];
+            for _ in 0..places {
+                let Some(Work::Place { pieces, seams }) = s.work.pop_front() else {
+                    unreachable!("the plan counts the places at the front");
+                };
+                if let Err(e) = self.place(s, pieces, seams) {
+                    failed.push((i, e));
+                    break;
+                }
+            }
+        }
+    }
+
     /// Gives every decoding sequence the block its next token needs, preempting the newest
     /// sequences (theirs freed, they wait to be admitted again) when none can be had.
     fn make_room_for_decoding(&mut self) {
@@ -425,9 +398,8 @@ impl<B: ModelBackend> Scheduler<B> {
                     i += 1;
                 }
                 None => {
-                    let newest = (0..self.running.len())
-                        .max_by_key(|&j| self.running[j].order)
-                        .expect("a sequence runs");
+                    let orders: Vec<u64> = self.running.iter().map(|s| s.order).collect();
+                    let newest = preemption_victim(&orders).expect("a sequence runs");
                     let mut victim = self.running.remove(newest);
                     self.index_blocks(&mut victim, false);
                     self.blocks.release(&victim.table);
@@ -570,36 +542,17 @@ fn result_of(s: &mut Sequence) -> GenerationResult {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::PrefillBudget;
-    use proptest::prelude::*;
-
-    proptest! {
-        /// Within what is left; whole when it fits; all that is left with a backlog; a slice
-        /// waits only when waiting costs no step on the known work, and is cut only when cutting
-        /// saves one; an untouched step always advances a prefill.
-        #[test]
-        fn a_slice_is_cut_only_when_that_saves_a_step(
-            next in 1usize..300,
-            after in 0usize..400,
-            step in 1usize..130,
-            used in 0usize..130,
-            backlog: bool,
-        ) {
-            let b = PrefillBudget { step, left: step.saturating_sub(used).max(1) };
-            let queued = next + after;
-            let take = b.take(next, queued, backlog);
-            prop_assert!(take == 0 || take == next.min(b.left));
-            let steps = |rows: usize| rows.div_ceil(step);
-            let saves_a_step = steps(queued) > steps(queued - b.left.min(queued));
-            if next <= b.left || backlog || b.left == step {
-                prop_assert_eq!(take, next.min(b.left));
-            } else if saves_a_step {
-                prop_assert_eq!(take, b.left, "waited, though cutting saves a step");
-            } else {
-                prop_assert_eq!(take, 0, "cut, though waiting costs no step");
-            }
-        }
+/// `s` as the scheduling policy sees it.
+fn view(s: &Sequence) -> SeqView {
+    SeqView {
+        decoding: s.decoding(),
+        work: s
+            .work
+            .iter()
+            .map(|w| match w {
+                Work::Place { .. } => Pending::Place,
+                Work::Compute(slots) => Pending::Compute(slots.len()),
+            })
+            .collect(),
     }
 }
