@@ -92,7 +92,7 @@ pub use model::{
 pub use pretrained::{
     detect_format, load_config, load_pretrained, LoadOptions, ModelFormat, Pretrained,
 };
-pub use tokenizer::{ChatMessage, Tokenizer};
+pub use tokenizer::{ChatFunctionCall, ChatMessage, ChatToolCall, Tokenizer};
 
 /// burn, whose `Backend` and tensors this crate's API takes.
 pub use burn;

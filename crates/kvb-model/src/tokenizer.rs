@@ -7,10 +7,17 @@ use std::path::Path;
 /// One message of a conversation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
-    /// `system`, `user` or `assistant`.
+    /// `system`, `user`, `assistant` or `tool`.
     pub role: String,
     /// The message text.
     pub content: String,
+    /// An assistant's calls of tools, for templates with a tools section (they read
+    /// `message.tool_calls`, in OpenAI's shape).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ChatToolCall>,
+    /// A `tool` message: the id of the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl ChatMessage {
@@ -19,6 +26,50 @@ impl ChatMessage {
         ChatMessage {
             role: role.into(),
             content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
+    }
+}
+
+/// A call of a tool in a conversation, as chat templates read it:
+/// `{"id", "type": "function", "function": {"name", "arguments"}}`, the arguments a JSON value
+/// (templates write them with `tojson`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatToolCall {
+    /// The call's id, when the caller gave one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Always `function`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The function and its arguments.
+    pub function: ChatFunctionCall,
+}
+
+/// The function a [`ChatToolCall`] calls.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatFunctionCall {
+    /// The function's name.
+    pub name: String,
+    /// Its arguments (an object; a string where a caller's were not JSON).
+    pub arguments: serde_json::Value,
+}
+
+impl ChatToolCall {
+    /// A call of function `name` with `arguments`.
+    pub fn function(
+        id: Option<String>,
+        name: impl Into<String>,
+        arguments: serde_json::Value,
+    ) -> Self {
+        ChatToolCall {
+            id,
+            kind: "function".into(),
+            function: ChatFunctionCall {
+                name: name.into(),
+                arguments,
+            },
         }
     }
 }
@@ -214,28 +265,51 @@ impl Tokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String> {
+        self.apply_chat_template_with_tools(messages, &[], add_generation_prompt)
+    }
+
+    /// [`Self::apply_chat_template`] with `tools` (OpenAI's `{"type": "function", "function":
+    /// {...}}` objects) given to the template as `tools`; none leaves `tools` undefined.
+    pub fn apply_chat_template_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[serde_json::Value],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let template = self
             .chat_template
             .as_deref()
             .ok_or_else(|| ModelError::ChatTemplate("this model has no chat template".into()))?;
-        render_chat_template(
+        render(
             template,
-            messages,
-            add_generation_prompt,
-            self.bos_token.as_deref().unwrap_or(""),
-            self.eos_token.as_deref().unwrap_or(""),
+            minijinja::context! {
+                messages => messages,
+                tools => (!tools.is_empty()).then_some(tools),
+                add_generation_prompt => add_generation_prompt,
+                bos_token => self.bos_token.as_deref().unwrap_or(""),
+                eos_token => self.eos_token.as_deref().unwrap_or(""),
+            },
         )
+    }
+
+    /// Whether the chat template reads a `tools` variable (has a tools section); `false`
+    /// without a template or with one that does not parse.
+    pub fn chat_template_reads_tools(&self) -> bool {
+        let Some(template) = self.chat_template.as_deref() else {
+            return false;
+        };
+        template_env(template)
+            .ok()
+            .and_then(|env| {
+                let t = env.get_template("chat").ok()?;
+                Some(t.undeclared_variables(false).contains("tools"))
+            })
+            .unwrap_or(false)
     }
 }
 
-/// Renders a HF chat template.
-pub fn render_chat_template(
-    template: &str,
-    messages: &[ChatMessage],
-    add_generation_prompt: bool,
-    bos_token: &str,
-    eos_token: &str,
-) -> Result<String> {
+/// An environment holding `template` as `chat`, set up as transformers renders chat templates.
+fn template_env(template: &str) -> Result<minijinja::Environment<'_>> {
     let mut env = minijinja::Environment::new();
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
@@ -253,16 +327,36 @@ pub fn render_chat_template(
     );
     env.add_template("chat", template)
         .map_err(|e| ModelError::ChatTemplate(format!("cannot parse the template: {e}")))?;
+    Ok(env)
+}
+
+/// Renders `template` with `context`.
+fn render(template: &str, context: minijinja::Value) -> Result<String> {
+    let env = template_env(template)?;
     let tmpl = env
         .get_template("chat")
         .map_err(|e| ModelError::ChatTemplate(e.to_string()))?;
-    tmpl.render(minijinja::context! {
-        messages => messages,
-        add_generation_prompt => add_generation_prompt,
-        bos_token => bos_token,
-        eos_token => eos_token,
-    })
-    .map_err(|e| ModelError::ChatTemplate(format!("rendering failed: {e}")))
+    tmpl.render(context)
+        .map_err(|e| ModelError::ChatTemplate(format!("rendering failed: {e}")))
+}
+
+/// Renders a HF chat template.
+pub fn render_chat_template(
+    template: &str,
+    messages: &[ChatMessage],
+    add_generation_prompt: bool,
+    bos_token: &str,
+    eos_token: &str,
+) -> Result<String> {
+    render(
+        template,
+        minijinja::context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => bos_token,
+            eos_token => eos_token,
+        },
+    )
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use kvb_engine::{model_fingerprint, Engine, EngineConfig};
 use kvb_model::fetch::{ensure_default_model, models_dir};
 use kvb_model::{
     load_pretrained, ActivationPrecision, FloatDtype, LoadOptions, ModelBackend, Pretrained,
-    WeightPrecision,
+    Tokenizer, WeightPrecision,
 };
 use std::path::{Path, PathBuf};
 
@@ -50,10 +50,12 @@ pub fn load<B: ModelBackend>(
     m
 }
 
-/// Loads `path` and wraps it in an engine with `config`.
+/// Loads `path` and wraps it in an engine with `config`, with the chat template in file
+/// `chat_template` in place of the model's.
 pub fn load_engine<B: ModelBackend>(
     path: &Path,
     config: EngineConfig,
+    chat_template: Option<&Path>,
     device: &B::Device,
 ) -> anyhow::Result<Engine<B>> {
     let options = LoadOptions {
@@ -61,7 +63,10 @@ pub fn load_engine<B: ModelBackend>(
         weights: config.weights,
         activations: config.activations,
     };
-    let m = load::<B>(path, options, device)?;
+    let mut m = load::<B>(path, options, device)?;
+    if let Some(file) = chat_template {
+        m.tokenizer = with_template_file(m.tokenizer, file)?;
+    }
     let fingerprint =
         model_fingerprint(path, m.format, m.model.config(), m.model.weight_precision())
             .context("fingerprinting the model")?;
@@ -107,6 +112,21 @@ pub fn load_engine<B: ModelBackend>(
         }
     );
     Ok(engine)
+}
+
+/// `tokenizer` with the chat template in `file`, checked by rendering a user message.
+fn with_template_file(tokenizer: Tokenizer, file: &Path) -> anyhow::Result<Tokenizer> {
+    let template = std::fs::read_to_string(file)
+        .with_context(|| format!("reading the chat template {}", file.display()))?;
+    let (bos, eos) = (
+        tokenizer.bos_token().map(String::from),
+        tokenizer.eos_token().map(String::from),
+    );
+    let tokenizer = tokenizer.with_chat_template(Some(template), bos, eos);
+    tokenizer
+        .apply_chat_template(&[kvb_model::ChatMessage::new("user", "Hello")], true)
+        .with_context(|| format!("the chat template {}", file.display()))?;
+    Ok(tokenizer)
 }
 
 /// What the 8-bit products run on (only the CPU backend runs them).

@@ -100,6 +100,12 @@ for t in content:
 pair = client.chat.completions.create(model=model, messages=messages, max_tokens=4, temperature=0, n=2)
 assert [c.index for c in pair.choices] == [0, 1], pair
 assert pair.choices[0].message.content == pair.choices[1].message.content, pair
+# Streamed, the SDK's chunks carry each copy's index; the copies' texts are the whole answer's.
+parts = ["", ""]
+for chunk in client.chat.completions.create(model=model, messages=messages, max_tokens=4, temperature=0, n=2, stream=True):
+    for c in chunk.choices:
+        parts[c.index] += c.delta.content or ""
+assert parts == [c.message.content for c in pair.choices], (parts, pair)
 
 # Errors arrive as the SDK's typed exceptions.
 try:

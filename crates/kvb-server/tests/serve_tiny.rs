@@ -726,13 +726,39 @@ fn n_answers_are_the_copies_seeded_one_after_another() {
             "{v}"
         );
     }
-    let mut streamed = body(2, 1);
+    // Streamed, each copy's chunks carry its index and make the same text as the whole
+    // answer's choice; the usage counts the prompt once.
+    let mut streamed = body(3, 5);
     streamed["stream"] = json!(true);
-    let (status, _, v) = post(&s, "/v1/completions", &streamed);
-    assert_eq!(
-        (status, v["error"]["param"].as_str()),
-        (400, Some("n")),
-        "{v}"
-    );
+    streamed["stream_options"] = json!({"include_usage": true});
+    let r = post_streaming(&s, "/v1/completions", &streamed);
+    assert_eq!(r.status().as_u16(), 200);
+    let (mut texts, mut finished) = (vec![String::new(); 3], vec![false; 3]);
+    let mut streamed_usage = Value::Null;
+    for d in sse_data(&r.text().unwrap())
+        .iter()
+        .filter(|d| *d != "[DONE]")
+    {
+        let c: Value = serde_json::from_str(d).unwrap();
+        if let Some(choice) = c["choices"].as_array().and_then(|c| c.first()) {
+            let i = choice["index"].as_u64().unwrap() as usize;
+            assert!(!finished[i], "copy {i} sent after its end");
+            texts[i] += choice["text"].as_str().unwrap();
+            finished[i] = choice["finish_reason"].is_string();
+        } else {
+            streamed_usage = c["usage"].clone();
+        }
+    }
+    assert_eq!(finished, [true; 3]);
+    for (i, text) in texts.iter().enumerate() {
+        assert_eq!(
+            many["choices"][i]["text"].as_str(),
+            Some(text.as_str()),
+            "copy {i}"
+        );
+    }
+    for field in ["prompt_tokens", "completion_tokens"] {
+        assert_eq!(streamed_usage[field], u[field], "{field}");
+    }
     s.idle();
 }

@@ -102,10 +102,131 @@ fn streamed_calls(s: &Server, body: &Value) -> (Vec<(String, String)>, String) {
     (calls, finish)
 }
 
+/// A ChatML template with a tools section that writes calls in `<tool_call>` lines (the shape
+/// of Qwen2.5's): kvb leaves tools, calls and results to it.
+const TAGGED: &str = r#"{%- if tools %}<|im_start|>system
+{% if messages[0].role == 'system' %}{{ messages[0].content }}
+
+{% endif %}Tools on offer:
+<tools>
+{% for t in tools %}{{ t | tojson }}
+{% endfor %}</tools>
+Call one as <tool_call>
+{"name": NAME, "arguments": ARGUMENTS}
+</tool_call><|im_end|>
+{% elif messages[0].role == 'system' %}<|im_start|>system
+{{ messages[0].content }}<|im_end|>
+{% endif %}
+{%- for m in messages %}{% if m.role == 'tool' %}<|im_start|>user
+<tool_response>
+{{ m.content }}
+</tool_response><|im_end|>
+{% elif m.role != 'system' %}<|im_start|>{{ m.role }}
+{{ m.content }}{% for c in m.tool_calls %}
+<tool_call>
+{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}
+</tool_call>{% endfor %}<|im_end|>
+{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"#;
+
+/// A template in Llama 3.1's shape: the tools in the first user turn, a call is the whole
+/// answer, `{"name", "parameters"}`.
+const JSON_CALLS: &str = r#"{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>
+
+{% if tools and loop.first %}Answer with one JSON call {"name": a function's name, "parameters": its arguments} of:
+{% for t in tools %}{{ t | tojson }}
+{% endfor %}
+{% endif %}{% for c in m.tool_calls %}{"name": "{{ c.function.name }}", "parameters": {{ c.function.arguments | tojson }}}{% endfor %}{{ m.content }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>
+
+{% endif %}"#;
+
+/// `kvb serve` on the default model with the chat template `template` (and the folder
+/// holding its file).
+fn server_with_template(template: &str) -> (tempfile::TempDir, Server) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("template.jinja");
+    std::fs::write(&file, template).unwrap();
+    let s = Server::start(&[
+        "--served-model-name",
+        "tiny",
+        "--chat-template",
+        file.to_str().unwrap(),
+    ]);
+    (dir, s)
+}
+
 #[test]
 fn forced_calls_fit_their_functions_streamed_or_whole() {
     let s = default_server();
-    for seed in 0..3u64 {
+    forced_calls_fit(&s, 3);
+}
+
+/// The template's own format, where it has one: the tools and the history reach the template,
+/// and forced calls fit their functions, streamed or whole.
+#[test]
+fn a_template_with_a_tools_section_writes_tools_and_calls() {
+    let history = json!([
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees"}
+    ]);
+    let prompt = |s: &Server| {
+        let ids = client()
+            .post(s.url("/tokenize"))
+            .json(&json!({"messages": history, "tools": tools()}))
+            .send()
+            .unwrap()
+            .json::<Value>()
+            .unwrap()["tokens"]
+            .clone();
+        client()
+            .post(s.url("/detokenize"))
+            .json(&json!({"tokens": ids}))
+            .send()
+            .unwrap()
+            .json::<Value>()
+            .unwrap()["prompt"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let (_d, tagged) = server_with_template(TAGGED);
+    let text = prompt(&tagged);
+    assert!(
+        text.contains("Tools on offer:\n<tools>\n{")
+            && text.contains("\"name\":\"get_weather\"")
+            && text.contains("<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Paris\"}}\n</tool_call><|im_end|>")
+            && text.contains("<tool_response>\n18 degrees\n</tool_response>")
+            && !text.contains("Functions you can call"),
+        "{text}"
+    );
+    forced_calls_fit(&tagged, 1);
+    drop(tagged);
+    let (_d, json_calls) = server_with_template(JSON_CALLS);
+    let text = prompt(&json_calls);
+    assert!(
+        text.contains("Answer with one JSON call")
+            && text.contains(
+                "{\"name\": \"get_weather\", \"parameters\": {\"city\":\"Paris\"}}<|eot_id|>"
+            )
+            && text.contains("\n\n18 degrees<|eot_id|>")
+            && !text.contains("<tool_call>"),
+        "{text}"
+    );
+    forced_calls_fit(&json_calls, 1);
+    // The generic format, for comparison: kvb's description and tags in the messages.
+    let text = prompt(&default_server());
+    assert!(
+        text.contains("Functions you can call") && text.contains("<tool_response>"),
+        "{text}"
+    );
+}
+
+/// Forced calls (`required`, a named function) on `s` with `seeds` seeds: each fits its
+/// function, streamed and whole alike.
+fn forced_calls_fit(s: &Server, seeds: u64) {
+    for seed in 0..seeds {
         for choice in [
             json!("required"),
             json!({"type": "function", "function": {"name": "add"}}),
@@ -114,7 +235,7 @@ fn forced_calls_fit_their_functions_streamed_or_whole() {
             // until the token limit.
             let mut body = request(choice.clone(), seed);
             body["parallel_tool_calls"] = json!(false);
-            let (status, v) = post(&s, &body);
+            let (status, v) = post(s, &body);
             assert_eq!(status, 200, "{v}");
             let c = &v["choices"][0];
             assert_eq!(c["finish_reason"], "tool_calls", "{v}");
@@ -139,7 +260,7 @@ fn forced_calls_fit_their_functions_streamed_or_whole() {
                 assert_eq!(calls.len(), 1, "a named function is called once");
                 assert_eq!(calls[0].0, "add");
             }
-            assert_eq!(streamed_calls(&s, &body), (calls, "tool_calls".to_string()));
+            assert_eq!(streamed_calls(s, &body), (calls, "tool_calls".to_string()));
         }
     }
 }

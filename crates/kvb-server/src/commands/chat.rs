@@ -41,6 +41,7 @@ fn run_on<B: ModelBackend>(
     let engine = std::sync::Arc::new(model_arg::load_engine::<B>(
         path,
         args.engine.config(&args.model),
+        args.model.chat_template.as_deref(),
         device,
     )?);
     let flushing = engine.clone();

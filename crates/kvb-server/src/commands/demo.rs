@@ -89,7 +89,12 @@ fn run_on<B: ModelBackend>(
     device: &B::Device,
 ) -> anyhow::Result<()> {
     probe_device::<B>(device, args.model.backend, args.model.dtype)?;
-    let engine: Engine<B> = model_arg::load_engine(path, EngineConfig::new(1 << 30), device)?;
+    let engine: Engine<B> = model_arg::load_engine(
+        path,
+        EngineConfig::new(1 << 30),
+        args.model.chat_template.as_deref(),
+        device,
+    )?;
     let opts = |mode| GenerateOptions {
         max_new_tokens: args.max_new_tokens,
         mode,
@@ -132,6 +137,7 @@ fn run_on<B: ModelBackend>(
             recompute_strategy: RecomputeStrategy::CacheBlend,
             ..EngineConfig::new(1 << 30)
         },
+        args.model.chat_template.as_deref(),
         device,
     )?;
     let chat = |preamble: &str, question: &str| -> anyhow::Result<String> {

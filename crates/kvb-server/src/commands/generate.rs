@@ -133,6 +133,10 @@ pub struct ModelArgs {
     /// different output; needs integer weights, e.g. a Q4/Q8 GGUF or --weights q8_0).
     #[arg(long, default_value_t = ActivationPrecision::F32)]
     pub activations: ActivationPrecision,
+    /// A Jinja chat template file to use instead of the model's own (as transformers'
+    /// `chat_template`; a template with a tools section also writes tools and calls).
+    #[arg(long, value_name = "PATH")]
+    pub chat_template: Option<PathBuf>,
 }
 
 /// Arguments of `kvb generate`.
@@ -197,7 +201,12 @@ fn run_on<B: ModelBackend>(
         (None, Some(file)) => read_text_file(file, "prompt file")?,
         (None, None) => anyhow::bail!("give --prompt or --prompt-file"),
     };
-    let engine = model_arg::load_engine::<B>(path, args.engine.config(&args.model), device)?;
+    let engine = model_arg::load_engine::<B>(
+        path,
+        args.engine.config(&args.model),
+        args.model.chat_template.as_deref(),
+        device,
+    )?;
     let prompt = if args.chat {
         let mut messages = Vec::new();
         if let Some(system) = &args.system {

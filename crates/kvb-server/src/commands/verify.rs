@@ -66,7 +66,12 @@ fn run_on<B: ModelBackend>(
     device: &B::Device,
 ) -> anyhow::Result<()> {
     probe_device::<B>(device, args.model.backend, args.model.dtype)?;
-    let engine = model_arg::load_engine::<B>(path, args.engine.config(&args.model), device)?;
+    let engine = model_arg::load_engine::<B>(
+        path,
+        args.engine.config(&args.model),
+        args.model.chat_template.as_deref(),
+        device,
+    )?;
     let floor = if args.no_noise_floor {
         None
     } else {

@@ -101,6 +101,8 @@ pub struct AppState {
     pub engine: Arc<dyn ServedEngine>,
     pub settings: Settings,
     pub metrics: Metrics,
+    /// How the model's chat template writes tools and calls.
+    pub tool_format: super::tools::ToolFormat,
     /// Unix seconds at start (`created` of the model card).
     pub started: u64,
     in_flight: AtomicUsize,
@@ -123,10 +125,12 @@ impl AppState {
         let started = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
+        let tool_format = super::tools::ToolFormat::of(engine.tokenizer());
         Arc::new(AppState {
             engine,
             settings,
             metrics: Metrics::new(),
+            tool_format,
             started,
             in_flight: AtomicUsize::new(0),
             next_id: AtomicUsize::new(0),

@@ -3,21 +3,23 @@
 //! `--trust-message-special-tokens` reads it as the control token again, for trusted callers.
 
 use super::error::ApiError;
-use kvb_model::{ChatMessage, ModelError, Tokenizer};
+use super::tools::ChatPrompt;
+use kvb_model::{ModelError, Tokenizer};
 
-/// Token ids of `messages` rendered with the model's chat template.
+/// Token ids of `prompt` rendered with the model's chat template.
 pub fn chat_prompt_tokens(
     tokenizer: &Tokenizer,
-    messages: &[ChatMessage],
+    prompt: &ChatPrompt,
     add_generation_prompt: bool,
     trust_special_tokens: bool,
 ) -> Result<Vec<u32>, ApiError> {
+    let (messages, tools) = (&prompt.messages, &prompt.tools);
     let tokens = if trust_special_tokens {
         tokenizer
-            .apply_chat_template(messages, add_generation_prompt)
+            .apply_chat_template_with_tools(messages, tools, add_generation_prompt)
             .and_then(|text| tokenizer.encode(&text, false))
     } else {
-        tokenizer.encode_chat(messages, add_generation_prompt)
+        tokenizer.encode_chat_with_tools(messages, tools, add_generation_prompt)
     };
     tokens.map_err(|e| match e {
         ModelError::ChatTemplate(_) => {

@@ -9,7 +9,7 @@ use super::chat_prompt::chat_prompt_tokens;
 use super::error::ApiError;
 use super::logprobs;
 use super::sampling::sampling_params;
-use super::tools::{self, tools_of, ParsedCall, ToolStream, Tools};
+use super::tools::{self, tools_of, ChatPrompt, ParsedCall, ToolFormat, ToolStream, Tools};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::sse::{Event as SseEvent, Sse};
@@ -64,7 +64,7 @@ enum PromptInput {
     Text(String),
     Tokens(Vec<u32>),
     /// Rendered with the chat template and tokenized off the async workers.
-    Chat(Vec<ChatMessage>),
+    Chat(ChatPrompt),
 }
 
 #[utoipa::path(
@@ -86,11 +86,15 @@ pub async fn chat_completions(
     ApiJson(req): ApiJson<ChatCompletionRequest>,
 ) -> Response {
     let job = (|| {
-        let tools = tools_of(&req)?;
-        let mut messages = chat_messages(&req.messages)?;
-        if let Some(t) = &tools {
-            messages = t.prompt(messages);
-        }
+        let tools = tools_of(&req, app.tool_format)?;
+        let messages = chat_messages(&req.messages, app.tool_format)?;
+        let prompt = match &tools {
+            Some(t) => t.prompt(messages),
+            None => ChatPrompt {
+                messages,
+                tools: Vec::new(),
+            },
+        };
         let logprobs = match (req.logprobs, req.top_logprobs) {
             (_, Some(n)) if n > MAX_TOP_LOGPROBS => Err(ApiError::bad_request(
                 format!("`top_logprobs` must be at most {MAX_TOP_LOGPROBS}"),
@@ -106,7 +110,7 @@ pub async fn chat_completions(
         let mut job = job(
             &app,
             Kind::Chat,
-            PromptInput::Chat(messages),
+            PromptInput::Chat(prompt),
             (req.sampling, logprobs),
             (arrival, tenant.map(|t| t.0).unwrap_or_default()),
         )?;
@@ -189,9 +193,13 @@ fn echoed_tokens(app: &AppState, tokens: &[u32]) -> Result<String, ApiError> {
     })
 }
 
-/// The messages of a request for the chat template; none at all, an unknown role or a content
-/// part other than text is refused, naming the message.
-pub(super) fn chat_messages(messages: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, ApiError> {
+/// The messages of a request for the chat template, calls and tool results written in
+/// `format`; none at all, an unknown role or a content part other than text is refused,
+/// naming the message.
+pub(super) fn chat_messages(
+    messages: &[ChatMessageIn],
+    format: ToolFormat,
+) -> Result<Vec<ChatMessage>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::bad_request(
             "`messages` is empty",
@@ -201,13 +209,13 @@ pub(super) fn chat_messages(messages: &[ChatMessageIn]) -> Result<Vec<ChatMessag
     messages
         .iter()
         .enumerate()
-        .map(|(i, m)| message(m, i))
+        .map(|(i, m)| message(m, i, format))
         .collect()
 }
 
 /// A message for the chat template; content parts other than text are refused. Tool results
 /// and an assistant's calls are written in the tool format ([`super::tools`]).
-fn message(m: &ChatMessageIn, i: usize) -> Result<ChatMessage, ApiError> {
+fn message(m: &ChatMessageIn, i: usize, format: ToolFormat) -> Result<ChatMessage, ApiError> {
     let role = match m.role.as_str() {
         "developer" => "system",
         r @ ("system" | "user" | "assistant" | "tool") => r,
@@ -225,7 +233,7 @@ fn message(m: &ChatMessageIn, i: usize) -> Result<ChatMessage, ApiError> {
             Some(&format!("messages[{i}].tool_calls")),
         ));
     }
-    let mut content = match &m.content {
+    let content = match &m.content {
         None if !calls.is_empty() => String::new(),
         None => {
             return Err(ApiError::bad_request(
@@ -250,16 +258,13 @@ fn message(m: &ChatMessageIn, i: usize) -> Result<ChatMessage, ApiError> {
             text
         }
     };
-    for call in calls {
-        if !content.is_empty() {
-            content.push('\n');
-        }
-        content += &tools::call_text(&call.function.name, &call.function.arguments);
-    }
-    Ok(match role {
-        "tool" => ChatMessage::new("user", tools::response_text(&content)),
-        _ => ChatMessage::new(role, content),
-    })
+    Ok(tools::history_message(
+        role,
+        content,
+        calls,
+        m.tool_call_id.as_deref(),
+        format,
+    ))
 }
 
 /// The most likely tokens a request may ask to see at each position (OpenAI's bound for chat).
@@ -283,12 +288,6 @@ fn job(
     if !(1..=MAX_CHOICES).contains(&n) {
         return Err(ApiError::bad_request(
             format!("`n` must be 1 to {MAX_CHOICES}"),
-            Some("n"),
-        ));
-    }
-    if n > 1 && s.stream {
-        return Err(ApiError::bad_request(
-            "`n` above 1 is not served with `stream` yet",
             Some("n"),
         ));
     }
@@ -406,13 +405,12 @@ async fn run(app: Arc<AppState>, job: Job) -> Response {
     let kind = job.kind;
     let arrival = job.arrival;
     let deadline = Deadline::from_std(arrival + app.settings.request_timeout);
-    let mut copies = match submit(&app, &job).await {
+    let copies = match submit(&app, &job).await {
         Ok(s) => s,
         Err(e) => return refuse(&app, kind, e, Arrival(arrival)),
     };
     if job.stream {
-        let (ticket, events) = copies.remove(0);
-        stream_answer(app, job, ticket, events, deadline).await
+        stream_answer(app, job, copies, deadline).await
     } else {
         whole_answer(app, job, copies, deadline).await
     }
@@ -440,7 +438,7 @@ async fn submit(app: &Arc<AppState>, job: &Job) -> Result<Vec<(Ticket, Events)>,
                 ApiError::bad_request(format!("cannot tokenize the prompt: {e}"), Some("prompt"))
             })?,
             PromptInput::Tokens(t) => t,
-            PromptInput::Chat(m) => chat_prompt_tokens(engine.tokenizer(), &m, true, trusted)?,
+            PromptInput::Chat(p) => chat_prompt_tokens(engine.tokenizer(), &p, true, trusted)?,
         };
         let context = engine.context_len();
         if tokens.len() >= context {
@@ -705,20 +703,29 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// What a stream still has to send.
-struct StreamState {
-    app: Arc<AppState>,
-    job: Job,
-    _ticket: Ticket,
+/// One copy's part of a stream.
+struct CopyStream {
+    /// Its engine events, until its end.
     events: Option<Events>,
-    deadline: Deadline,
-    created: u64,
-    /// Events ready to go out before the next engine event is read.
-    pending: std::collections::VecDeque<SseEvent>,
     /// Characters of the tokens sent so far (a completion chunk's `text_offset`).
     token_chars: usize,
     /// With tools: what of the text goes out as content, and the calls held back.
     tool_stream: Option<ToolStream>,
+    /// Its result, once finished.
+    result: Option<GenerationResult>,
+}
+
+/// What a stream still has to send: the chunks of its `n` copies, each with its choice's index,
+/// as their tokens come.
+struct StreamState {
+    app: Arc<AppState>,
+    job: Job,
+    _tickets: Vec<Ticket>,
+    copies: Vec<CopyStream>,
+    deadline: Deadline,
+    created: u64,
+    /// Events ready to go out before the next engine event is read.
+    pending: std::collections::VecDeque<SseEvent>,
     done: bool,
 }
 
@@ -727,10 +734,11 @@ impl StreamState {
         SseEvent::default().data(serde_json::to_string(value).unwrap_or_default())
     }
 
-    /// A chunk carrying `text` (and `role` first, `finish` last), and its token's
-    /// log-probabilities when the request asks.
+    /// A chunk of copy `index` carrying `text` (and `role` first, `finish` last), and its
+    /// token's log-probabilities when the request asks.
     fn chunk(
         &mut self,
+        index: usize,
         text: Option<String>,
         role: bool,
         finish: Option<&'static str>,
@@ -746,7 +754,7 @@ impl StreamState {
                 created: self.created,
                 model,
                 choices: vec![ChatChunkChoice {
-                    index: 0,
+                    index: index as u32,
                     delta: Delta {
                         role: role.then_some("assistant"),
                         content: text,
@@ -763,10 +771,11 @@ impl StreamState {
                 created: self.created,
                 model,
                 choices: vec![CompletionChoice {
-                    index: 0,
+                    index: index as u32,
                     text: text.unwrap_or_default(),
-                    logprobs: tokens
-                        .map(|t| logprobs::completion(tokenizer, t, &mut self.token_chars)),
+                    logprobs: tokens.map(|t| {
+                        logprobs::completion(tokenizer, t, &mut self.copies[index].token_chars)
+                    }),
                     finish_reason: finish,
                 }],
                 usage: None,
@@ -774,8 +783,8 @@ impl StreamState {
         }
     }
 
-    /// A chat chunk with the answer's calls, each whole.
-    fn calls_chunk(&self, calls: Vec<ParsedCall>) -> SseEvent {
+    /// A chat chunk with copy `index`'s calls, each whole.
+    fn calls_chunk(&self, index: usize, calls: Vec<ParsedCall>) -> SseEvent {
         let calls = calls
             .into_iter()
             .enumerate()
@@ -792,7 +801,7 @@ impl StreamState {
             created: self.created,
             model: self.app.settings.model_name.clone(),
             choices: vec![ChatChunkChoice {
-                index: 0,
+                index: index as u32,
                 delta: Delta {
                     role: None,
                     content: None,
@@ -805,8 +814,9 @@ impl StreamState {
         })
     }
 
-    fn usage_chunk(&self, r: &GenerationResult) -> SseEvent {
+    fn usage_chunk(&self, results: &[GenerationResult]) -> SseEvent {
         let (id, model) = (self.job.id.clone(), self.app.settings.model_name.clone());
+        let usage = Some(usage_of_copies(results));
         match self.job.kind {
             Kind::Chat => Self::json(&ChatCompletionChunk {
                 id,
@@ -814,7 +824,7 @@ impl StreamState {
                 created: self.created,
                 model,
                 choices: Vec::new(),
-                usage: Some(usage(r)),
+                usage,
             }),
             Kind::Text => Self::json(&Completion {
                 id,
@@ -822,59 +832,70 @@ impl StreamState {
                 created: self.created,
                 model,
                 choices: Vec::new(),
-                usage: Some(usage(r)),
+                usage,
             }),
         }
     }
 
-    /// Queues what `event` sends.
-    fn on_event(&mut self, event: Option<Event>) {
+    /// Queues what copy `index`'s `event` sends.
+    fn on_event(&mut self, index: usize, event: Option<Event>) {
         match event {
-            Some(Event::Started(s)) => {
-                self.app.metrics.started(
-                    s.ttft_ms,
-                    (s.prompt_tokens, s.cached_tokens()),
-                    self.job.tenant.as_deref(),
-                );
-            }
+            // The prompt is counted once, by the first copy's start (the copies share it).
+            Some(Event::Started(_)) => {}
             Some(Event::Token { text, logprobs, .. }) => {
-                let text = match &mut self.tool_stream {
+                let tools = self.copies[index].tool_stream.as_mut();
+                let held = tools.is_some();
+                let text = match tools {
                     Some(t) => t.push(&text),
                     None => text,
                 };
-                if !(text.is_empty() && self.tool_stream.is_some()) {
-                    let e = self.chunk(Some(text), false, None, logprobs.as_ref());
+                if !(text.is_empty() && held) {
+                    let e = self.chunk(index, Some(text), false, None, logprobs.as_ref());
                     self.pending.push_back(e);
                 }
             }
             Some(Event::Finished(r)) => match *r {
-                Ok(r) => {
-                    log_end(&self.app, &self.job, "ok", std::slice::from_ref(&r));
-                    let mut finish = finish_reason(&r);
-                    let held = self.tool_stream.take().zip(self.job.tools.as_ref());
-                    match held.map(|(stream, tools)| stream.finish(tools)) {
-                        Some(Ok(calls)) => {
-                            let e = self.calls_chunk(calls);
-                            self.pending.push_back(e);
-                            finish = "tool_calls";
-                        }
-                        Some(Err(rest)) if !rest.is_empty() => {
-                            let e = self.chunk(Some(rest), false, None, None);
-                            self.pending.push_back(e);
-                        }
-                        _ => {}
-                    }
-                    let last = self.chunk(None, false, Some(finish), None);
-                    self.pending.push_back(last);
-                    if self.job.include_usage {
-                        let u = self.usage_chunk(&r);
-                        self.pending.push_back(u);
-                    }
-                    self.end();
-                }
+                Ok(r) => self.finish_copy(index, r),
                 Err(e) => self.fail(ApiError::from(e)),
             },
             None => self.fail(ApiError::from(kvb_engine::EngineError::Stopped)),
+        }
+    }
+
+    /// Queues copy `index`'s last chunks (its held text or calls, its finish reason); after
+    /// the last copy, the usage and the end.
+    fn finish_copy(&mut self, index: usize, r: GenerationResult) {
+        let mut finish = finish_reason(&r);
+        let held = self.copies[index].tool_stream.take();
+        match held.zip(self.job.tools.as_ref()).map(|(s, t)| s.finish(t)) {
+            Some(Ok(calls)) => {
+                let e = self.calls_chunk(index, calls);
+                self.pending.push_back(e);
+                finish = "tool_calls";
+            }
+            Some(Err(rest)) if !rest.is_empty() => {
+                let e = self.chunk(index, Some(rest), false, None, None);
+                self.pending.push_back(e);
+            }
+            _ => {}
+        }
+        let last = self.chunk(index, None, false, Some(finish), None);
+        self.pending.push_back(last);
+        let copy = &mut self.copies[index];
+        copy.events = None;
+        copy.result = Some(r);
+        if self.copies.iter().all(|c| c.result.is_some()) {
+            let results: Vec<GenerationResult> = self
+                .copies
+                .iter_mut()
+                .filter_map(|c| c.result.take())
+                .collect();
+            log_end(&self.app, &self.job, "ok", &results);
+            if self.job.include_usage {
+                let u = self.usage_chunk(&results);
+                self.pending.push_back(u);
+            }
+            self.end();
         }
     }
 
@@ -886,14 +907,37 @@ impl StreamState {
 
     fn end(&mut self) {
         self.pending.push_back(SseEvent::default().data("[DONE]"));
-        self.events = None; // a sequence still running is cancelled
+        for c in &mut self.copies {
+            c.events = None; // a sequence still running is cancelled
+        }
         self.done = true;
+    }
+
+    /// The next event of any copy still running, with the copy's index; `Err` at the
+    /// deadline.
+    async fn next_event(&mut self) -> Result<(usize, Option<Event>), ()> {
+        if Deadline::now() >= self.deadline {
+            return Err(());
+        }
+        let (indices, waits): (Vec<usize>, Vec<_>) = self
+            .copies
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, c)| Some((i, Box::pin(c.events.as_mut()?.recv()))))
+            .unzip();
+        if waits.is_empty() {
+            return Ok((0, None));
+        }
+        tokio::time::timeout_at(self.deadline, futures_util::future::select_all(waits))
+            .await
+            .map(|(event, k, _)| (indices[k], event))
+            .map_err(|_| ())
     }
 }
 
 impl Drop for StreamState {
-    /// A stream dropped before its end: the client went away; the sequence is cancelled with
-    /// the channel.
+    /// A stream dropped before its end: the client went away; the sequences are cancelled with
+    /// their channels.
     fn drop(&mut self) {
         if !self.done {
             log_end(&self.app, &self.job, "cancelled", &[]);
@@ -901,17 +945,18 @@ impl Drop for StreamState {
     }
 }
 
+/// Streams the answer of `copies` (one per choice), after the first copy's first token.
 async fn stream_answer(
     app: Arc<AppState>,
     job: Job,
-    ticket: Ticket,
-    mut events: Events,
+    copies: Vec<(Ticket, Events)>,
     deadline: Deadline,
 ) -> Response {
+    let (tickets, mut events): (Vec<Ticket>, Vec<Events>) = copies.into_iter().unzip();
     // Wait for the first token, so the headers carry TTFT and reuse, and an error before it is
     // still a plain error status.
     let started = loop {
-        match next_before(&mut events, deadline).await {
+        match next_before(&mut events[0], deadline).await {
             Err(()) => {
                 log_end(&app, &job, "timeout", &[]);
                 return ApiError::timeout(app.settings.request_timeout.as_secs_f64())
@@ -936,26 +981,34 @@ async fn stream_answer(
         job.tenant.as_deref(),
     );
     let headers = reuse_headers(&started);
-    let tool_stream = job.tools.as_ref().map(|t| ToolStream::new(t.forced()));
+    let copies = events
+        .into_iter()
+        .map(|events| CopyStream {
+            events: Some(events),
+            token_chars: 0,
+            tool_stream: job.tools.as_ref().map(ToolStream::new),
+            result: None,
+        })
+        .collect();
     let mut state = StreamState {
         app,
         job,
-        _ticket: ticket,
-        events: Some(events),
+        _tickets: tickets,
+        copies,
         deadline,
         created: unix_now(),
         pending: Default::default(),
-        token_chars: 0,
-        tool_stream,
         done: false,
     };
-    if state.job.kind == Kind::Chat {
-        let first = state.chunk(Some(String::new()), true, None, None);
-        state.pending.push_back(first);
-    }
-    if let Some(prompt) = state.job.echo.clone() {
-        let first = state.chunk(Some(prompt), false, None, None);
-        state.pending.push_back(first);
+    for index in 0..state.copies.len() {
+        if state.job.kind == Kind::Chat {
+            let first = state.chunk(index, Some(String::new()), true, None, None);
+            state.pending.push_back(first);
+        }
+        if let Some(prompt) = state.job.echo.clone() {
+            let first = state.chunk(index, Some(prompt), false, None, None);
+            state.pending.push_back(first);
+        }
     }
     (headers, Sse::new(sse_events(state))).into_response()
 }
@@ -970,9 +1023,8 @@ fn sse_events(state: StreamState) -> impl Stream<Item = Result<SseEvent, Infalli
             if s.done {
                 return None;
             }
-            let events = s.events.as_mut()?;
-            match next_before(events, s.deadline).await {
-                Ok(event) => s.on_event(event),
+            match s.next_event().await {
+                Ok((index, event)) => s.on_event(index, event),
                 Err(()) => {
                     let t = s.app.settings.request_timeout.as_secs_f64();
                     s.fail(ApiError::timeout(t));

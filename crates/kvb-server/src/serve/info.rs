@@ -48,11 +48,14 @@ pub async fn warm(
 ) -> Result<Json<WarmResponse>, ApiError> {
     enum Warm {
         Text(String),
-        Chat(Vec<kvb_model::ChatMessage>),
+        Chat(super::tools::ChatPrompt),
     }
     let what = match (req.text, req.messages) {
         (Some(t), None) => Warm::Text(t),
-        (None, Some(m)) => Warm::Chat(chat_messages(&m)?),
+        (None, Some(m)) => Warm::Chat(super::tools::ChatPrompt {
+            messages: chat_messages(&m, app.tool_format)?,
+            tools: Vec::new(),
+        }),
         _ => {
             return Err(ApiError::bad_request(
                 "give `text` or `messages`, one of the two",

@@ -46,7 +46,10 @@ pub fn read_body(route: &str, body: &[u8]) -> Result<Option<Vec<ChatMessage>>, S
     let messages = match route {
         "/v1/chat/completions" => {
             let req = body::parse::<api::ChatCompletionRequest>(body).map_err(|e| e.message)?;
-            Some(completions::chat_messages(&req.messages).map_err(|e| e.message)?)
+            Some(
+                completions::chat_messages(&req.messages, tools::ToolFormat::Generic)
+                    .map_err(|e| e.message)?,
+            )
         }
         "/v1/completions" => {
             body::parse::<api::CompletionRequest>(body).map_err(|e| e.message)?;
@@ -55,7 +58,10 @@ pub fn read_body(route: &str, body: &[u8]) -> Result<Option<Vec<ChatMessage>>, S
         "/v1/warm" => match body::parse::<api::WarmRequest>(body).map_err(|e| e.message)? {
             api::WarmRequest {
                 messages: Some(m), ..
-            } => Some(completions::chat_messages(&m).map_err(|e| e.message)?),
+            } => Some(
+                completions::chat_messages(&m, tools::ToolFormat::Generic)
+                    .map_err(|e| e.message)?,
+            ),
             _ => None,
         },
         other => return Err(format!("no POST route {other}")),
@@ -159,6 +165,7 @@ fn run_on<B: ModelBackend>(
     let engine: Arc<dyn ServedEngine> = Arc::new(model_arg::load_engine::<B>(
         path,
         args.engine.config(&args.model),
+        args.model.chat_template.as_deref(),
         device,
     )?);
     let model_name = args.served_model_name.clone().unwrap_or_else(|| {

@@ -1,12 +1,13 @@
 //! `POST /tokenize` and `POST /detokenize` (vLLM's shapes): the token ids kvb reads a prompt or a
 //! conversation as, and the text of token ids, so a client can count and budget its context.
 
-use super::api::{ChatMessageIn, ErrorBody};
+use super::api::{ChatMessageIn, ErrorBody, ToolDef};
 use super::app::AppState;
 use super::body::{whole, ApiJson, JsonBody};
 use super::chat_prompt::chat_prompt_tokens;
 use super::completions::chat_messages;
 use super::error::ApiError;
+use super::tools::{ChatPrompt, Tools};
 use axum::extract::State;
 use axum::Json;
 use serde::{Deserialize, Serialize};
@@ -23,6 +24,8 @@ pub struct TokenizeRequest {
     pub prompt: Option<String>,
     /// Or messages, read as `/v1/chat/completions` reads them.
     pub messages: Option<Vec<ChatMessageIn>>,
+    /// With `messages`: the tools a chat request would offer (rendered as it renders them).
+    pub tools: Option<Vec<ToolDef>>,
     /// With `messages`: add the template's generation prompt (default true, as a chat request).
     pub add_generation_prompt: Option<bool>,
     /// With `prompt`: add what the tokenizer adds around a text (a BOS); default false, as
@@ -90,6 +93,12 @@ pub async fn tokenize(
     ApiJson(req): ApiJson<TokenizeRequest>,
 ) -> Result<Json<TokenizeResponse>, ApiError> {
     check_model(&app, req.model.as_deref())?;
+    if req.tools.is_some() && req.messages.is_none() {
+        return Err(ApiError::bad_request(
+            "`tools` go with `messages`",
+            Some("tools"),
+        ));
+    }
     let tokenizer = app.engine.tokenizer();
     let tokens = match (&req.prompt, &req.messages) {
         (Some(text), None) => tokenizer
@@ -97,7 +106,7 @@ pub async fn tokenize(
             .map_err(|e| ApiError::bad_request(format!("cannot tokenize: {e}"), Some("prompt")))?,
         (None, Some(m)) => chat_prompt_tokens(
             tokenizer,
-            &chat_messages(m)?,
+            &chat_prompt(&app, m, req.tools.as_deref())?,
             req.add_generation_prompt.unwrap_or(true),
             app.settings.trust_message_special_tokens,
         )?,
@@ -113,6 +122,22 @@ pub async fn tokenize(
         max_model_len: app.engine.context_len(),
         tokens,
     }))
+}
+
+/// The prompt a chat request with `messages` and `tools` (choice `auto`) would render.
+fn chat_prompt(
+    app: &AppState,
+    messages: &[ChatMessageIn],
+    tools: Option<&[ToolDef]>,
+) -> Result<ChatPrompt, ApiError> {
+    let messages = chat_messages(messages, app.tool_format)?;
+    Ok(match Tools::new(tools, None, true, app.tool_format)? {
+        Some(t) => t.prompt(messages),
+        None => ChatPrompt {
+            messages,
+            tools: Vec::new(),
+        },
+    })
 }
 
 #[utoipa::path(

@@ -246,7 +246,12 @@ fn run_on<B: ModelBackend>(
     device: &B::Device,
 ) -> anyhow::Result<()> {
     probe_device::<B>(device, args.model.backend, args.model.dtype)?;
-    let engine = model_arg::load_engine::<B>(path, args.engine.config(&args.model), device)?;
+    let engine = model_arg::load_engine::<B>(
+        path,
+        args.engine.config(&args.model),
+        args.model.chat_template.as_deref(),
+        device,
+    )?;
     let out: Box<dyn Write + Send> = match &args.out {
         Some(p) => Box::new(std::io::BufWriter::new(
             std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
