@@ -3,6 +3,8 @@
 //! (`packed_rows`, the default) and 8-bit ones (`int8`). Prints milliseconds per product
 //! (median of `KVB_REPS`, default 15), weight bytes streamed per second and weights per second,
 //! on all of rayon's threads. `KVB_CPU_ISA` caps the kernels (avx2, portable; avx512f: no VBMI, VNNI) to compare.
+//! `KVB_ROWS` (`1,4,16` by default) sets the row counts; above 16, f32 rows run the blocked
+//! GEMM a prefill runs.
 //!
 //! `cargo bench -p kvb-gemm --bench products [-- FILTER]` (FILTER: a format name or `int8`).
 
@@ -32,6 +34,14 @@ fn shapes() -> Vec<(usize, usize)> {
             .collect::<Vec<_>>()
     });
     given.unwrap_or_else(|| vec![(2048, 2048), (2048, 8192), (8192, 2048)])
+}
+
+/// Row counts to time (`KVB_ROWS`, as `1,4,16`).
+fn row_counts() -> Vec<usize> {
+    std::env::var("KVB_ROWS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|m| m.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 4, 16])
 }
 
 /// Bytes of weights a timed pass streams, well over any last-level cache (`KVB_STREAMED_MB`
@@ -105,7 +115,7 @@ fn main() {
                 .collect();
             let int: Option<Vec<IntDotMatrix>> =
                 packed.iter().map(IntDotMatrix::from_packed).collect();
-            for m in [1, 4, 16] {
+            for m in row_counts() {
                 let x: Vec<f32> = (0..m * k).map(|i| spread(i, 3, 700.0)).collect();
                 let report = |acts: &str, bytes: usize, d: Duration| {
                     let s = d.as_secs_f64() / copies as f64;
@@ -124,6 +134,13 @@ fn main() {
                         }
                     });
                     report("f32", first.bytes(), d);
+                } else if wanted(&format!("{name} f32")) {
+                    let d = time(reps, || {
+                        for w in &packed {
+                            std::hint::black_box(kvb_gemm::blocked::matmul(&x, m, k, n, &**w));
+                        }
+                    });
+                    report("f32 blocked", first.bytes(), d);
                 }
                 if let Some(ws) = int.as_ref().filter(|_| wanted(&format!("{name} int8"))) {
                     let d = time(reps, || {

@@ -53,29 +53,53 @@ pub(super) fn columns(
     let kernel = usable(kernel);
     let (g0, g1) = (j0 / GROUP, (j0 + cols).div_ceil(GROUP));
     let step = tile_rows(kernel);
-    let mut out = [0f32; MAX_TILE_ROWS * GROUP];
+    let mut out = [0f32; MAX_TILE_ROWS * 2 * GROUP];
     for p0 in (0..a.m).step_by(ROWS_PER_PASS) {
         let p1 = (p0 + ROWS_PER_PASS).min(a.m);
-        for g in g0..g1 {
+        let mut g = g0;
+        while g < g1 {
+            // VNNI takes two groups at once for two rows or more: its float steps per
+            // sub-block then serve 16 columns (one row streams its weights, one stream at a
+            // time, as the f32 decode kernels do).
+            let groups = if pairs(kernel) && g + 1 < g1 && p1 - p0 > 1 {
+                2
+            } else {
+                1
+            };
             for r0 in (p0..p1).step_by(step) {
                 let rows = step.min(p1 - r0);
-                match kernel {
-                    Kernel::Portable => portable(a, r0, rows, w, g, &mut out),
+                match (kernel, groups) {
+                    (Kernel::Portable, _) => portable(a, r0, rows, w, g, &mut out),
                     // SAFETY: `Kernel::detect` (or `supported`) found AVX2, FMA and F16C for
-                    // these kernels (and AVX-512 VL and VNNI for `Vnni512`); rows are `a`'s,
-                    // at most `tile_rows`; `g` is a group of `w`.
+                    // these kernels (and AVX-512 BW, VL and VNNI for `Vnni512`, the only one
+                    // taking pairs); rows are `a`'s, at most `tile_rows`; `g` (and `g + 1` for
+                    // a pair) are groups of `w`.
+                    #[cfg(target_arch = "x86_64")]
+                    (_, 2) => unsafe { super::kcells_x86::tile_pair(a, r0, rows, w, g, &mut out) },
                     #[cfg(target_arch = "x86_64")]
                     _ => unsafe { super::kcells_x86::tile(kernel, a, r0, rows, w, g, &mut out) },
                 }
+                let lanes = groups * GROUP;
                 let first = (g - g0) * GROUP;
-                let width = GROUP.min(cols - first);
+                let width = lanes.min(cols - first);
                 for r in 0..rows {
                     let at = (r0 + r) * cols + first;
-                    tile[at..at + width].copy_from_slice(&out[r * GROUP..r * GROUP + width]);
+                    tile[at..at + width].copy_from_slice(&out[r * lanes..r * lanes + width]);
                 }
             }
+            g += groups;
         }
     }
+}
+
+/// Whether `kernel` has a two-group tile.
+fn pairs(kernel: Kernel) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if kernel == Kernel::Vnni512 {
+        return true;
+    }
+    let _ = kernel;
+    false
 }
 
 /// `kernel`, or the next one down where this CPU lacks what its K-quant version also needs

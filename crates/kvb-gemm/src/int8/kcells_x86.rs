@@ -233,3 +233,181 @@ unsafe fn run_vnni<const R: usize, const K: u8>(
 ) {
     body!(dot_vnni, R, K, a, r0, cells, out)
 }
+
+/// Rows `r0..r0 + rows` (1 to 8) of `a` against groups `g` and `g + 1` of `w`, 16 columns in
+/// 512-bit registers, into `out` (row `r`'s 16 lanes at `r * 16`). Each lane runs
+/// [`run_vnni`]'s steps, so the bits are the same; the float steps per sub-block, which bound
+/// the 8-lane kernel at many rows, serve twice the columns.
+///
+/// # Safety
+/// The CPU has AVX2, FMA, F16C, AVX-512 F, BW, VL and VNNI; `a` holds rows `r0..r0 + rows` of
+/// width `w.k()`; `g + 1` is a group of `w`.
+pub(super) unsafe fn tile_pair(
+    a: &QuantizedRows,
+    r0: usize,
+    rows: usize,
+    w: &PackedMatrix,
+    g: usize,
+    out: &mut [f32],
+) {
+    assert!(
+        (1..=MAX_TILE_ROWS).contains(&rows)
+            && r0 + rows <= a.m
+            && a.k == w.k()
+            && g + 1 < w.n().div_ceil(GROUP)
+            && out.len() >= rows * 2 * GROUP
+            && w.cell_values().is_k_quant()
+    );
+    let cells = (w.group_cells(g).as_ptr(), w.group_cells(g + 1).as_ptr());
+    macro_rules! run {
+        ($($r:literal)*) => {
+            match (rows, crate::packed::kcells::kind(w.cell_values())) {
+                $(
+                    ($r, KIND_Q4K) => run_vnni_pair::<$r, KIND_Q4K>(a, r0, cells, out),
+                    ($r, KIND_Q5K) => run_vnni_pair::<$r, KIND_Q5K>(a, r0, cells, out),
+                    ($r, KIND_Q6K) => run_vnni_pair::<$r, KIND_Q6K>(a, r0, cells, out),
+                )*
+                _ => unreachable!("rows checked above"),
+            }
+        };
+    }
+    run!(1 2 3 4 5 6 7 8)
+}
+
+/// Two 256-bit halves as one 512-bit register (`a` low).
+#[inline(always)]
+unsafe fn join(a: __m256i, b: __m256i) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b)
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn run_vnni_pair<const R: usize, const K: u8>(
+    a: &QuantizedRows,
+    r0: usize,
+    (cells_a, cells_b): (*const u8, *const u8),
+    out: &mut [f32],
+) {
+    let values = of_kind(K);
+    let at = Layout::of(values);
+    let q6 = values == CellValues::Q6K;
+    let cell_bytes = values.cell_bytes(ROWS);
+    let (k, blocks, halves) = (a.k, a.k / BLOCK, a.k / (BLOCK / 2));
+    let low = _mm512_set1_epi8(0x0f);
+    let (fifth, top) = (_mm512_set1_epi8(0x10), _mm512_set1_epi8(0x30));
+    let q5_shift = _mm512_setr_epi64(0, 2, 4, 6, 0, 2, 4, 6);
+    let q6_shift = _mm512_setr_epi64(0, 4, 0, 4, 0, 4, 0, 4);
+    let sign = _mm512_set1_epi32(i32::MIN);
+    // 128-bit lanes 0 and 2 of the row-pair interleaves, then lanes 1 and 3 (as 64-bit words):
+    // rows 0-3 and rows 4-7 of each half's 8 columns.
+    let rows03_of = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+    let rows47_of = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    let x = a.q.as_ptr().add(r0 * k) as *const u8;
+    let mut y = [_mm512_setzero_ps(); R];
+    let subs = ROWS / at.sub_rows;
+    let lines_per_sub = cell_bytes.div_ceil(64).div_ceil(subs);
+    for c in 0..k / ROWS {
+        let (ca, cb) = (cells_a.add(c * cell_bytes), cells_b.add(c * cell_bytes));
+        let (ahead_a, ahead_b) = (
+            ca.wrapping_add(AHEAD * cell_bytes),
+            cb.wrapping_add(AHEAD * cell_bytes),
+        );
+        let halves_ph = |p: usize| {
+            _mm512_cvtph_ps(_mm256_set_m128i(
+                _mm_loadu_si128(cb.add(p) as *const __m128i),
+                _mm_loadu_si128(ca.add(p) as *const __m128i),
+            ))
+        };
+        let (d, dmin) = (halves_ph(0), halves_ph(at.dmin));
+        for s in 0..subs {
+            for line in s * lines_per_sub..(s + 1) * lines_per_sub {
+                _mm_prefetch::<_MM_HINT_T0>(ahead_a.wrapping_add(line * 64) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(ahead_b.wrapping_add(line * 64) as *const i8);
+            }
+            let both = |p: usize, signed: bool| {
+                _mm512_cvtepi32_ps(join(bytes(ca.add(p), signed), bytes(cb.add(p), signed)))
+            };
+            let scale = _mm512_mul_ps(d, both(at.sc + s * GROUP, q6));
+            let offset = if q6 {
+                _mm512_castsi512_ps(sign)
+            } else {
+                let m = _mm512_mul_ps(dmin, both(at.m + s * GROUP, false));
+                _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(m), sign))
+            };
+            let mut sums = [_mm512_setzero_si512(); R];
+            let mut last = [_mm512_setzero_si512(); R];
+            for run in 0..at.sub_rows / 8 {
+                let r8 = s * at.sub_rows + run * 8;
+                let nib = at.nibbles + r8 / 2 * GROUP;
+                let v = join(
+                    _mm256_loadu_si256(ca.add(nib) as *const __m256i),
+                    _mm256_loadu_si256(cb.add(nib) as *const __m256i),
+                );
+                let mut lo = _mm512_and_si512(v, low);
+                let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
+                match values {
+                    CellValues::Q5K => {
+                        let word = |p: *const u8| {
+                            _mm256_set1_epi64x((p.add(at.high + r8) as *const i64).read_unaligned())
+                        };
+                        let hl = _mm512_srlv_epi64(join(word(ca), word(cb)), q5_shift);
+                        let hh = _mm512_srli_epi64::<1>(hl);
+                        lo = _mm512_or_si512(
+                            lo,
+                            _mm512_and_si512(_mm512_slli_epi16::<4>(hl), fifth),
+                        );
+                        hi = _mm512_or_si512(
+                            hi,
+                            _mm512_and_si512(_mm512_slli_epi16::<4>(hh), fifth),
+                        );
+                    }
+                    CellValues::Q6K => {
+                        let pair = |p: *const u8| {
+                            _mm256_permute4x64_epi64::<0b01_01_00_00>(_mm256_castsi128_si256(
+                                _mm_loadu_si128(p.add(at.high + r8 / 4 * GROUP) as *const __m128i),
+                            ))
+                        };
+                        let hl = _mm512_srlv_epi64(join(pair(ca), pair(cb)), q6_shift);
+                        let hh = _mm512_srli_epi64::<2>(hl);
+                        lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16::<4>(hl), top));
+                        hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_slli_epi16::<4>(hh), top));
+                    }
+                    _ => {}
+                }
+                // As in the 8-lane kernel, per 128-bit lane; then each half's rows 0-3 and 4-7.
+                let (pa, pb) = (_mm512_unpacklo_epi8(lo, hi), _mm512_unpackhi_epi8(lo, hi));
+                let (w03, w47) = (_mm512_unpacklo_epi16(pa, pb), _mm512_unpackhi_epi16(pa, pb));
+                let rows03 = _mm512_permutex2var_epi64(w03, rows03_of, w47);
+                let rows47 = _mm512_permutex2var_epi64(w03, rows47_of, w47);
+                for i in 0..R {
+                    let at = x.add(i * k + c * ROWS + r8) as *const i32;
+                    let x03 = _mm512_set1_epi32(at.read_unaligned());
+                    let x47 = _mm512_set1_epi32(at.add(1).read_unaligned());
+                    sums[i] = _mm512_dpbusd_epi32(sums[i], rows03, x03);
+                    if R < 4 {
+                        last[i] = _mm512_dpbusd_epi32(last[i], rows47, x47);
+                    } else {
+                        sums[i] = _mm512_dpbusd_epi32(sums[i], rows47, x47);
+                    }
+                }
+            }
+            let row0 = c * ROWS + s * at.sub_rows;
+            for i in 0..R {
+                let mut isum = _mm512_add_epi32(sums[i], last[i]);
+                if q6 {
+                    let sum = *a.sums16.get_unchecked((r0 + i) * halves + row0 / 16);
+                    isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(32 * sum));
+                }
+                let b = (r0 + i) * blocks + row0 / BLOCK;
+                let dx = _mm512_set1_ps(*a.scale.get_unchecked(b));
+                y[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(scale, dx), y[i]);
+                if !q6 {
+                    let sx = _mm512_set1_ps(*a.scaled_sum.get_unchecked(b));
+                    y[i] = _mm512_fmadd_ps(offset, sx, y[i]);
+                }
+            }
+        }
+    }
+    for (i, y) in y.iter().enumerate() {
+        _mm512_storeu_ps(out.as_mut_ptr().add(i * 2 * GROUP), *y);
+    }
+}
