@@ -56,7 +56,6 @@ pub trait ModelBackend: AttentionBackend {
     /// `x`: `[m, k]` times a weight laid out for 8-bit activations -> `[m, n]`, `x` quantized
     /// to 8 bits per value ([`super::int8`]). Here through host memory: the kernel is a CPU
     /// kernel.
-    #[cfg(feature = "ndarray")]
     fn int8_linear(x: Tensor<Self, 2>, w: &super::int8::IntDotMatrix) -> Tensor<Self, 2> {
         let [m, _] = x.dims();
         let device = x.device();

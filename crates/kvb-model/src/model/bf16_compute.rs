@@ -53,7 +53,6 @@ fn rounded_packed(p: &PackedMatrix) -> Result<Option<PackedMatrix>> {
 
 /// The emulated bf16 forward rounds f32 activations; a model whose products quantize them to 8
 /// bits already is not one it emulates.
-#[cfg(feature = "ndarray")]
 fn not_with_q8_activations() -> crate::error::ModelError {
     crate::error::ModelError::unsupported(
         "a bf16 forward of a model with 8-bit activations (load it with f32 activations)".into(),
@@ -79,7 +78,6 @@ impl<B: ModelBackend> LinearWeight<B> {
                     ))
                 }
             },
-            #[cfg(feature = "ndarray")]
             LinearWeight::IntDot(_) => return Err(not_with_q8_activations()),
             LinearWeight::Stacked(parts) => LinearWeight::Stacked(
                 parts
@@ -117,7 +115,6 @@ impl<B: ModelBackend> Embedding<B> {
                     ))
                 }
             },
-            #[cfg(feature = "ndarray")]
             Embedding::IntDot(_) => return Err(not_with_q8_activations()),
         })
     }

@@ -8,9 +8,10 @@ use crate::rope::RopeTables;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 use burn_ndarray::{NdArray, NdArrayTensor};
 use kvb_attn::fastmath::fast_exp;
+use kvb_gemm::{few_rows, packed_rows};
 use rayon::prelude::*;
 
-/// Up to this many rows, a product runs through [`super::few_rows`], which streams the
+/// Up to this many rows, a product runs through [`few_rows`], which streams the
 /// weight once instead of packing it (packing the whole `[k, n]` weight costs as much as the
 /// product itself at these sizes: the LM head took 107 ms per decode step through sgemm). Above
 /// it, [`kvb_gemm`] packs and pays for it.
@@ -190,7 +191,7 @@ impl ModelBackend for NdArray<f32> {
                 let y = if m > FEW_ROWS_MAX {
                     kvb_gemm::matmul(xv, m, k, n, &kvb_gemm::DenseWeight { w: wv, n })
                 } else {
-                    super::few_rows::matmul(xv, wv, m, k, n)
+                    few_rows::matmul(xv, wv, m, k, n)
                 };
                 Tensor::from_data(TensorData::new(y, [m, n]), &device)
             }
@@ -203,7 +204,7 @@ impl ModelBackend for NdArray<f32> {
         true
     }
 
-    /// 1 to 4 rows: dequantized in registers ([`super::packed_rows`]). More: the blocked GEMM
+    /// 1 to 4 rows: dequantized in registers ([`packed_rows`]). More: the blocked GEMM
     /// ([`kvb_gemm`]) expands the weight block by block straight into its panels (the whole
     /// weight is never expanded). Both compute what the f32 weight would (see
     /// [`crate::packed`]).
@@ -220,8 +221,7 @@ impl ModelBackend for NdArray<f32> {
         if xs != [m, k] || k != w.k() {
             return backend_ops::packed_linear_reference(x, w);
         }
-        let y = super::packed_rows::matmul(xv, m, w)
-            .unwrap_or_else(|| kvb_gemm::matmul(xv, m, k, n, w));
+        let y = packed_rows::matmul(xv, m, w).unwrap_or_else(|| kvb_gemm::matmul(xv, m, k, n, w));
         Tensor::from_data(TensorData::new(y, [m, n]), &device)
     }
 

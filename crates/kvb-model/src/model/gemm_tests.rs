@@ -1,9 +1,9 @@
 //! The blocked GEMM (kvb-gemm) as the model runs it: against burn-ndarray's product, the
 //! few-row kernels and packed weights.
 
-use super::few_rows;
 use super::test_values::spread;
 use crate::packed::PackedMatrix;
+use kvb_gemm::few_rows;
 use kvb_gemm::{matmul, DenseWeight};
 use proptest::prelude::*;
 

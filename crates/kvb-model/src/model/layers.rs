@@ -1,7 +1,6 @@
 //! The building blocks of a Llama-layout block: linear projections and RMSNorm.
 
 use super::backend_ops::ModelBackend;
-#[cfg(feature = "ndarray")]
 use super::int8::IntDotMatrix;
 use crate::config::Activation;
 use crate::packed::PackedMatrix;
@@ -31,7 +30,6 @@ pub(super) enum LinearWeight<B: ModelBackend> {
     /// Shared: a tied LM head is the token embedding.
     Packed(Arc<PackedMatrix>),
     /// Laid out for products with 8-bit activations (`--activations q8`, [`super::int8`]).
-    #[cfg(feature = "ndarray")]
     IntDot(Arc<IntDotMatrix>),
     /// Fused parts stored in different formats (a Q4_K_M file's Q4_K q and k beside a Q6_K v),
     /// each kept as stored rather than all widened to a format that holds both; their outputs
@@ -47,7 +45,6 @@ impl<B: ModelBackend> LinearWeight<B> {
         match self {
             LinearWeight::Dense(w) => B::linear_matmul(x, w.clone()),
             LinearWeight::Packed(w) => B::packed_linear(x, w),
-            #[cfg(feature = "ndarray")]
             LinearWeight::IntDot(w) => B::int8_linear(x, w),
             LinearWeight::Stacked(parts) => {
                 Tensor::cat(parts.iter().map(|w| w.apply(x.clone())).collect(), 1)
@@ -60,7 +57,6 @@ impl<B: ModelBackend> LinearWeight<B> {
         match self {
             LinearWeight::Dense(w) => w.dims()[1],
             LinearWeight::Packed(w) => w.n(),
-            #[cfg(feature = "ndarray")]
             LinearWeight::IntDot(w) => w.n(),
             LinearWeight::Stacked(parts) => parts.iter().map(Self::out_dim).sum(),
         }
@@ -71,7 +67,6 @@ impl<B: ModelBackend> LinearWeight<B> {
         match self {
             LinearWeight::Dense(_) => false,
             LinearWeight::Packed(w) => w.cell_values().is_integer(),
-            #[cfg(feature = "ndarray")]
             LinearWeight::IntDot(_) => true,
             LinearWeight::Stacked(parts) => parts.iter().all(Self::is_quantized),
         }
@@ -82,7 +77,6 @@ impl<B: ModelBackend> LinearWeight<B> {
         match self {
             LinearWeight::Dense(w) => w.shape().num_elements() * w.dtype().size(),
             LinearWeight::Packed(w) => w.bytes(),
-            #[cfg(feature = "ndarray")]
             LinearWeight::IntDot(w) => w.bytes(),
             LinearWeight::Stacked(parts) => parts.iter().map(Self::bytes).sum(),
         }
@@ -245,7 +239,6 @@ pub enum Embedding<B: ModelBackend> {
     /// `[hidden, vocab]` packed (shared with a tied LM head).
     Packed(Arc<PackedMatrix>),
     /// `[hidden, vocab]` laid out for 8-bit activation products (shared with a tied LM head).
-    #[cfg(feature = "ndarray")]
     IntDot(Arc<IntDotMatrix>),
 }
 
@@ -286,7 +279,6 @@ impl<B: ModelBackend> Embedding<B> {
                 let rows: Vec<f32> = tokens.iter().flat_map(|&t| p.column(t as usize)).collect();
                 Tensor::from_data(TensorData::new(rows, [n, p.k()]), float_on::<B>(device))
             }
-            #[cfg(feature = "ndarray")]
             Embedding::IntDot(p) => {
                 let rows: Vec<f32> = tokens.iter().flat_map(|&t| p.column(t as usize)).collect();
                 Tensor::from_data(TensorData::new(rows, [n, p.k()]), float_on::<B>(device))
@@ -299,7 +291,6 @@ impl<B: ModelBackend> Embedding<B> {
         match self {
             Embedding::Dense(t) => t.shape().num_elements() * t.dtype().size(),
             Embedding::Packed(p) => p.bytes(),
-            #[cfg(feature = "ndarray")]
             Embedding::IntDot(p) => p.bytes(),
         }
     }

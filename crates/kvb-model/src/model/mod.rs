@@ -7,15 +7,10 @@ mod bf16_compute;
 mod cpu_ops;
 #[cfg(feature = "cube")]
 mod cube_ops;
-#[cfg(feature = "ndarray")]
-use kvb_gemm::few_rows;
 #[cfg(all(test, feature = "ndarray"))]
 mod gemm_tests;
-#[cfg(feature = "ndarray")]
 pub use kvb_gemm::int8;
 mod layers;
-#[cfg(feature = "ndarray")]
-use kvb_gemm::packed_rows;
 mod precision;
 mod q8_activations;
 #[cfg(all(test, feature = "ndarray"))]
@@ -275,7 +270,6 @@ impl<B: ModelBackend> Model<B> {
         let head = match (&self.embed, self.config.tie_word_embeddings) {
             (Embedding::Packed(_), true) => 0,
             (e @ Embedding::Dense(_), true) if e.head_view().is_some() => 0,
-            #[cfg(feature = "ndarray")]
             (Embedding::IntDot(_), true) => 0,
             _ => self.lm_head.weight_bytes(),
         };

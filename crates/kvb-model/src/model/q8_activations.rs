@@ -1,7 +1,6 @@
 //! `--activations`: converting a loaded model's integer weights for products with 8-bit
 //! activations ([`super::int8`]).
 
-#[cfg(feature = "ndarray")]
 use super::layers::{Embedding, Linear, LinearWeight};
 use super::{Model, ModelBackend};
 use crate::error::{ModelError, Result};
@@ -56,7 +55,6 @@ impl std::str::FromStr for ActivationPrecision {
     }
 }
 
-#[cfg(feature = "ndarray")]
 impl<B: ModelBackend> LinearWeight<B> {
     /// Whether some part of the weight is one [`super::int8::IntDotMatrix`] takes.
     fn takes_q8_activations(&self) -> bool {
@@ -85,7 +83,6 @@ impl<B: ModelBackend> LinearWeight<B> {
     }
 }
 
-#[cfg(feature = "ndarray")]
 impl<B: ModelBackend> Linear<B> {
     /// Whether the weight is one [`super::int8::IntDotMatrix`] takes.
     fn takes_q8_activations(&self) -> bool {
@@ -127,22 +124,14 @@ impl<B: ModelBackend> Model<B> {
     /// runs packed weights (the CPU's) and some layer projection is held in integer blocks.
     /// (A fidelity check asks before it adds the 8-bit row to its noise floor.)
     pub fn takes_q8_activations(&self) -> bool {
-        #[cfg(feature = "ndarray")]
-        {
-            B::runs_packed_weights()
-                && self
-                    .blocks
-                    .iter()
-                    .flat_map(|b| [&b.qkv, &b.o, &b.gate_up, &b.down])
-                    .any(Linear::takes_q8_activations)
-        }
-        #[cfg(not(feature = "ndarray"))]
-        {
-            false
-        }
+        B::runs_packed_weights()
+            && self
+                .blocks
+                .iter()
+                .flat_map(|b| [&b.qkv, &b.o, &b.gate_up, &b.down])
+                .any(Linear::takes_q8_activations)
     }
 
-    #[cfg(feature = "ndarray")]
     fn into_q8_activations(mut self) -> Result<Self> {
         use super::int8::IntDotMatrix;
         use std::sync::Arc;
@@ -180,13 +169,6 @@ impl<B: ModelBackend> Model<B> {
         }
         self.activations = ActivationPrecision::Q8;
         Ok(self)
-    }
-
-    #[cfg(not(feature = "ndarray"))]
-    fn into_q8_activations(self) -> Result<Self> {
-        Err(ModelError::unsupported(
-            "8-bit activations without the CPU backend (build with the `ndarray` feature)".into(),
-        ))
     }
 
     /// How products quantize their input rows.
