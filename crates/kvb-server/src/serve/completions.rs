@@ -88,13 +88,7 @@ pub async fn chat_completions(
     let job = (|| {
         let tools = tools_of(&req, app.tool_format)?;
         let messages = chat_messages(&req.messages, app.tool_format)?;
-        let prompt = match &tools {
-            Some(t) => t.prompt(messages),
-            None => ChatPrompt {
-                messages,
-                tools: Vec::new(),
-            },
-        };
+        let prompt = ChatPrompt::new(messages, tools.as_ref());
         let logprobs = match (req.logprobs, req.top_logprobs) {
             (_, Some(n)) if n > MAX_TOP_LOGPROBS => Err(ApiError::bad_request(
                 format!("`top_logprobs` must be at most {MAX_TOP_LOGPROBS}"),
@@ -916,6 +910,12 @@ impl StreamState {
     /// The next event of any copy still running, with the copy's index; `Err` at the
     /// deadline.
     async fn next_event(&mut self) -> Result<(usize, Option<Event>), ()> {
+        // One copy (most streams): its channel alone, with no futures to gather.
+        if let [copy] = self.copies.as_mut_slice() {
+            if let Some(events) = copy.events.as_mut() {
+                return next_before(events, self.deadline).await.map(|e| (0, e));
+            }
+        }
         if Deadline::now() >= self.deadline {
             return Err(());
         }

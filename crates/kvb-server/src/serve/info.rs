@@ -52,10 +52,10 @@ pub async fn warm(
     }
     let what = match (req.text, req.messages) {
         (Some(t), None) => Warm::Text(t),
-        (None, Some(m)) => Warm::Chat(super::tools::ChatPrompt {
-            messages: chat_messages(&m, app.tool_format)?,
-            tools: Vec::new(),
-        }),
+        (None, Some(m)) => Warm::Chat(super::tools::ChatPrompt::new(
+            chat_messages(&m, app.tool_format)?,
+            None,
+        )),
         _ => {
             return Err(ApiError::bad_request(
                 "give `text` or `messages`, one of the two",

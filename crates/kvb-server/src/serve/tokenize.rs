@@ -131,13 +131,8 @@ fn chat_prompt(
     tools: Option<&[ToolDef]>,
 ) -> Result<ChatPrompt, ApiError> {
     let messages = chat_messages(messages, app.tool_format)?;
-    Ok(match Tools::new(tools, None, true, app.tool_format)? {
-        Some(t) => t.prompt(messages),
-        None => ChatPrompt {
-            messages,
-            tools: Vec::new(),
-        },
-    })
+    let tools = Tools::new(tools, None, true, app.tool_format)?;
+    Ok(ChatPrompt::new(messages, tools.as_ref()))
 }
 
 #[utoipa::path(

@@ -82,6 +82,19 @@ pub struct ChatPrompt {
     pub tools: Vec<Value>,
 }
 
+impl ChatPrompt {
+    /// The prompt of `messages` with `tools` where the request offers them ([`Tools::prompt`]).
+    pub fn new(messages: Vec<ChatMessage>, tools: Option<&Tools>) -> Self {
+        match tools {
+            Some(t) => t.prompt(messages),
+            None => ChatPrompt {
+                messages,
+                tools: Vec::new(),
+            },
+        }
+    }
+}
+
 /// A call read back from an answer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ParsedCall {
