@@ -25,7 +25,7 @@
 //!   it is a prefill or a decode row: not on the other rows or sequences of the call, nor on how a
 //!   prefill is cut into chunks, nor on where its blocks sit in the pool (bit for bit, tested).
 //! - **f16 pools (CPU).** A pool layer whose burn-ndarray primitive is a `u16` array holds f16
-//!   bits (kvb-model's f16 pool); the CPU kernels read it as those values widened to f32, the
+//!   bits ([`KvPool`] in f16, see [`pool`]); the CPU kernels read it as those values widened to f32, the
 //!   same bits as over an f32 pool holding them (tested). burn's reference ops cannot read it; a
 //!   pool the kernels cannot read in place is then an error, never a misread.
 //!
@@ -45,11 +45,12 @@
 //!
 //! - **The K/V pool.** [`KvPool`] holds the K/V of many sequences in blocks of slots, per layer
 //!   `[kv_heads, slots, head_dim]`, in f32 or (on the CPU) f16, and the kernels above read it in
-//!   place. What it gives back is what was written, rounded to its precision, through the host
+//!   place. How a backend holds and moves a layer is its own trait, [`PoolBackend`]; attention
+//!   ([`AttentionBackend`]) only reads it. What it gives back is what was written, rounded to its precision, through the host
 //!   and the device read alike and after it grows; a block copy (copy-on-write), a prefault and a
 //!   many-layer host write touch exactly the slots asked for (property and unit tests in
 //!   [`pool`]). Bad layers, slots, blocks and shapes are errors ([`AttnError::Pool`]).
-//! - **Pool writes.** [`AttentionBackend::pool_scatter`] writes new K/V at a pool's slots; the
+//! - **Pool writes.** [`PoolBackend::pool_scatter`] writes new K/V at a pool's slots; the
 //!   CPU writes in place (f32 or rounding to f16), the CubeCL backends in one launch per call
 //!   (burn's ops need one per run of consecutive slots), with the same values
 //!   (`tests/cube_matches_naive.rs`).
@@ -101,7 +102,7 @@ pub use host_read::to_host_f32;
 pub use host_work::HostWork;
 pub use mask::Visibility;
 pub use paged::{paged_attention, PagedBatch, PagedSeq};
-pub use pool::{HostKv, KvPool};
+pub use pool::{HostKv, KvPool, PoolBackend};
 pub use reference::attention;
 
 /// Everything that can go wrong when calling attention.

@@ -217,7 +217,7 @@ pub fn runs(slots: &[usize]) -> impl Iterator<Item = (usize, usize, usize)> + '_
     })
 }
 
-/// [`crate::AttentionBackend::pool_scatter`] in burn tensor ops: one slice-assign per run of
+/// [`crate::pool::PoolBackend::pool_scatter`] in burn tensor ops: one slice-assign per run of
 /// consecutive slots (in place on backends that own the pool uniquely, as burn's do).
 pub fn pool_write_runs<B: Backend>(
     mut pool: Tensor<B, 3>,

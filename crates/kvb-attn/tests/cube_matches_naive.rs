@@ -12,7 +12,7 @@ use burn::tensor::{Distribution, Tensor, TensorData};
 use common::paged_case::{as_stored, case, close_within, tolerance};
 use kvb_attn::{
     attention, float_on, AttentionBackend, Kernel, PagedBatch, PagedKernelChoice, PagedSeq,
-    Visibility,
+    PoolBackend, Visibility,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -173,14 +173,14 @@ fn pool_scatter_writes_the_slots<B: AttentionBackend>(
     }
     let read = |t: Tensor<B, 3>| t.into_data().convert::<f32>().to_vec::<f32>().unwrap();
     let shared = pool.clone();
-    let written = <B as AttentionBackend>::pool_scatter(pool, &chosen, values.clone());
+    let written = <B as PoolBackend>::pool_scatter(pool, &chosen, values.clone());
     prop_assert_eq!(read(written), want.clone(), "a shared pool's copy");
     prop_assert_eq!(read(shared), before.clone(), "the shared pool itself");
     let alone = Tensor::<B, 3>::from_data(
         TensorData::new(before.clone(), [heads, slots, d]),
         float_on::<B>(&dev),
     );
-    let written = <B as AttentionBackend>::pool_scatter(alone, &chosen, values.clone());
+    let written = <B as PoolBackend>::pool_scatter(alone, &chosen, values.clone());
     prop_assert_eq!(read(written), want.clone(), "in place");
     // K and V together (one launch where both pools are unshared): V gets the values negated.
     let fresh = || {
@@ -199,7 +199,7 @@ fn pool_scatter_writes_the_slots<B: AttentionBackend>(
     }
     let shared_v = fresh();
     for v_pool in [fresh(), shared_v.clone()] {
-        let [k, v] = <B as AttentionBackend>::pool_scatter_pair(
+        let [k, v] = <B as PoolBackend>::pool_scatter_pair(
             [fresh(), v_pool],
             &chosen,
             [values.clone(), negated.clone()],

@@ -9,12 +9,13 @@
 //!
 //! Paged K/V is read in place wherever a tile's keys sit in consecutive pool slots (a sequence's
 //! blocks are allocated in runs); a tile that spans scattered blocks is first gathered into a
-//! scratch tile. Either way the arithmetic is the same. A pool may also hold f16 (as the bits in a
-//! `u16` array, [`pool_view`]): its keys and values are widened to f32 on the way in, exactly, and
+//! scratch tile. Either way the arithmetic is the same. A pool layer may also hold f16 (as its bits,
+//! [`layer`]): its keys and values are widened to f32 on the way in, exactly, and
 //! the same arithmetic follows.
 
 mod decode;
 mod decode_math;
+mod layer;
 mod pool;
 mod pool_view;
 mod tile;
@@ -23,12 +24,12 @@ mod view;
 use crate::backend::AttentionBackend;
 use crate::mask::{Mask, Visibility};
 use crate::paged::{check_paged, PagedBatch, PagedDims, PagedSeq};
-use crate::pool::{write_host_layer, HostKv, PoolLayer};
 use crate::reference::{self, check_dims, Dims};
-use crate::{paged, AttnError, FloatDtype};
+use crate::{paged, AttnError};
 use burn::tensor::{Bool, Tensor};
 use burn_ndarray::NdArray;
 use decode::{decode_attention, DecodeRow, Pool};
+use layer::CpuLayer;
 use pool_view::PoolView;
 use rayon::prelude::*;
 use tile::{attend_rows, KvTile, RowVisibility, Rows, KEY_BLOCK, QUERY_BLOCK};
@@ -203,10 +204,7 @@ fn fallback(
     batch: &PagedBatch,
     scale: f32,
 ) -> Result<Tensor<NdArray<f32>, 2>, AttnError> {
-    let f16_bits = |t: &Tensor<NdArray<f32>, 3>| {
-        matches!(primitive(t), Some(burn_ndarray::NdArrayTensor::U16(_)))
-    };
-    if f16_bits(k_pool) || f16_bits(v_pool) {
+    if CpuLayer::is_f16(k_pool) || CpuLayer::is_f16(v_pool) {
         return Err(AttnError::Shape(
             "an f16 K/V pool must be contiguous ([kv_heads, slots, head_dim])".into(),
         ));
@@ -252,11 +250,12 @@ impl AttentionBackend for NdArray<f32> {
     ) -> Result<Tensor<Self, 2>, AttnError> {
         let dims = check_paged(q.dims(), k_pool.dims(), v_pool.dims(), batch)?;
         let d = dims.head_dim;
-        let (Some(qp), Some(kp), Some(vp)) = (primitive(&q), primitive(k_pool), primitive(v_pool))
+        let (Some(qp), Some(kl), Some(vl)) =
+            (primitive(&q), CpuLayer::of(k_pool), CpuLayer::of(v_pool))
         else {
             return paged::paged_attention(q, k_pool, v_pool, batch, scale);
         };
-        let views = (View::<4>::of(&qp), PoolView::of(&kp), PoolView::of(&vp));
+        let views = (View::<4>::of(&qp), kl.view(), vl.view());
         // The kernels read head_dim contiguously, and a pool's slots one after another.
         let (Some(qv), Some(kv), Some(vv)) = views else {
             return fallback(q, (k_pool, v_pool), batch, scale);
@@ -296,69 +295,8 @@ impl AttentionBackend for NdArray<f32> {
             scale,
             &mut out,
         );
-        // The views above borrowed from these primitives; they are dropped only now.
-        drop((qp, kp, vp));
+        // The views above borrowed from these; they are dropped only now.
+        drop((qp, kl, vl));
         Ok(tensor(out, [dims.rows, dims.q_heads * d]))
-    }
-
-    /// f32 and f16 (see [`pool`]).
-    fn holds_pool_precision(precision: FloatDtype) -> bool {
-        precision != FloatDtype::Bf16
-    }
-
-    fn pool_zeros(
-        shape: [usize; 3],
-        precision: FloatDtype,
-        _device: &burn::tensor::Device<Self>,
-    ) -> Tensor<Self, 3> {
-        pool::zeros(shape, precision)
-    }
-
-    fn pool_grow(pool: Tensor<Self, 3>, slots: usize, precision: FloatDtype) -> Tensor<Self, 3> {
-        pool::grow(pool, slots, precision)
-    }
-
-    fn pool_gather(pool: &Tensor<Self, 3>, slots: &[usize]) -> Tensor<Self, 3> {
-        pool::gather(pool, slots)
-    }
-
-    fn pool_prefault(pool: Tensor<Self, 3>, slots: std::ops::Range<usize>) -> Tensor<Self, 3> {
-        pool::prefault(pool, slots)
-    }
-
-    /// In place, f32 or f16 ([`pool::scatter`]).
-    fn pool_scatter(
-        pool: Tensor<Self, 3>,
-        slots: &[usize],
-        values: Tensor<Self, 3>,
-    ) -> Tensor<Self, 3> {
-        crate::host_work::launched(1);
-        pool::scatter(pool, slots, values)
-    }
-
-    fn pool_write_host(pool: Tensor<Self, 3>, slots: &[usize], src: HostKv) -> Tensor<Self, 3> {
-        pool::write(pool, slots, src)
-    }
-
-    /// The layers in parallel: a warm request copies tens of megabytes of stored K/V, which one
-    /// core moved at ~8 GB/s (1.1 ms of a RAG request's 434 cached tokens).
-    fn pool_write_host_layers(
-        layers: Vec<PoolLayer<Self>>,
-        slots: &[usize],
-        srcs: &[(HostKv, HostKv)],
-    ) -> Vec<PoolLayer<Self>> {
-        layers
-            .into_par_iter()
-            .zip(srcs.par_iter())
-            .map(|(layer, src)| write_host_layer::<Self>(layer, slots, src))
-            .collect()
-    }
-
-    fn pool_copy(pool: Tensor<Self, 3>, from: &[usize], to: &[usize]) -> Tensor<Self, 3> {
-        pool::copy(pool, from, to)
-    }
-
-    fn pool_read_host(pool: &Tensor<Self, 3>, slots: &[usize]) -> Vec<f32> {
-        pool::read_host(pool, slots)
     }
 }

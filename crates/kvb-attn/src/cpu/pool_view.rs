@@ -1,12 +1,11 @@
 //! One layer's K or V in a paged pool, as the kernels read it: f32, or f16.
 //!
-//! kvb-model's CPU pool holds f16 K/V as the bits in a `u16` array (burn-ndarray has no f16
-//! storage). The kernels compute in f32 either way: an f16 run of keys is widened into a small
+//! An f16 layer is held as its bits ([`super::layer`]); [`super::layer::CpuLayer::view`] gives
+//! this view of either. The kernels compute in f32 either way: an f16 run of keys is widened into a small
 //! scratch tile first (exactly), so the arithmetic after it is the same code on the same values;
 //! what f16 buys is half the bytes read from memory, the cost of a long decode step.
 
 use super::view::View;
-use burn_ndarray::NdArrayTensor;
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
@@ -18,13 +17,6 @@ pub(crate) enum PoolView {
 }
 
 impl PoolView {
-    /// The view of a pool primitive: f32, or `u16` holding f16 bits.
-    pub fn of(t: &NdArrayTensor) -> Option<Self> {
-        View::<3>::of(t)
-            .map(PoolView::F32)
-            .or_else(|| View::<3, f16>::of_f16_bits(t).map(PoolView::F16))
-    }
-
     pub fn strides(&self) -> [isize; 3] {
         match self {
             PoolView::F32(v) => v.strides,

@@ -2,9 +2,8 @@
 
 use burn::tensor::{Tensor, TensorPrimitive};
 use burn_ndarray::{NdArray, NdArrayTensor};
-use half::f16;
 
-/// A read-only strided view of a tensor of `N` dimensions of `T` (f32, or f16 for a pool).
+/// A read-only strided view of a tensor of `N` dimensions of `T` (f32, or f16 for a pool layer).
 #[derive(Clone, Copy)]
 pub(crate) struct View<const N: usize, T = f32> {
     pub ptr: *const T,
@@ -25,24 +24,6 @@ impl<const N: usize> View<N> {
                 let strides: [isize; N] = view.strides().try_into().ok()?;
                 Some(View {
                     ptr: view.as_ptr(),
-                    strides,
-                })
-            }
-            _ => None,
-        }
-    }
-}
-
-impl<const N: usize> View<N, f16> {
-    /// The view of a `u16` primitive as the f16 values whose bits it holds (a K/V pool's).
-    pub fn of_f16_bits(t: &NdArrayTensor) -> Option<Self> {
-        match t {
-            NdArrayTensor::U16(storage) => {
-                let view = storage.view();
-                let strides: [isize; N] = view.strides().try_into().ok()?;
-                Some(View {
-                    // f16 is a `repr(transparent)` u16.
-                    ptr: view.as_ptr().cast::<f16>(),
                     strides,
                 })
             }

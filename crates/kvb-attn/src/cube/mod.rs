@@ -21,7 +21,7 @@ mod tensor_core;
 pub use plan::Kernel;
 
 use crate::paged::{check_paged, PagedBatch, PagedDims, PagedSeq};
-use crate::{reference, AttentionBackend, AttnError, Visibility};
+use crate::{reference, AttentionBackend, AttnError, PoolBackend, Visibility};
 use burn::tensor::{Bool, DType, Tensor, TensorPrimitive};
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
@@ -136,6 +136,43 @@ fn kernel_of<R: CubeRuntime>(
     )
 }
 
+/// Pool writes in one launch per call (`cube/pool_write.rs`); the rest is burn's ops.
+impl<R, F, I, BT> PoolBackend for CubeBackend<R, F, I, BT>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    fn pool_scatter(
+        pool: Tensor<Self, 3>,
+        slots: &[usize],
+        values: Tensor<Self, 3>,
+    ) -> Tensor<Self, 3> {
+        match pool_write::pool_write_in_place(pool, slots, values.clone()) {
+            Ok(pool) => pool,
+            Err(pool) => crate::paged::pool_write_runs(pool, slots, values),
+        }
+    }
+
+    fn pool_scatter_pair(
+        pools: [Tensor<Self, 3>; 2],
+        slots: &[usize],
+        values: [Tensor<Self, 3>; 2],
+    ) -> [Tensor<Self, 3>; 2] {
+        match pool_write::pool_write_pair_in_place(pools, slots, values.clone()) {
+            Ok(pools) => pools,
+            Err([k_pool, v_pool]) => {
+                let [k, v] = values;
+                [
+                    Self::pool_scatter(k_pool, slots, k),
+                    Self::pool_scatter(v_pool, slots, v),
+                ]
+            }
+        }
+    }
+}
+
 impl<R, F, I, BT> AttentionBackend for CubeBackend<R, F, I, BT>
 where
     R: CubeRuntime,
@@ -177,34 +214,6 @@ where
             .reshape([n, q_heads, d])
             .swap_dims(0, 1)
             .unsqueeze::<4>())
-    }
-
-    fn pool_scatter(
-        pool: Tensor<Self, 3>,
-        slots: &[usize],
-        values: Tensor<Self, 3>,
-    ) -> Tensor<Self, 3> {
-        match pool_write::pool_write_in_place(pool, slots, values.clone()) {
-            Ok(pool) => pool,
-            Err(pool) => crate::paged::pool_write_runs(pool, slots, values),
-        }
-    }
-
-    fn pool_scatter_pair(
-        pools: [Tensor<Self, 3>; 2],
-        slots: &[usize],
-        values: [Tensor<Self, 3>; 2],
-    ) -> [Tensor<Self, 3>; 2] {
-        match pool_write::pool_write_pair_in_place(pools, slots, values.clone()) {
-            Ok(pools) => pools,
-            Err([k_pool, v_pool]) => {
-                let [k, v] = values;
-                [
-                    Self::pool_scatter(k_pool, slots, k),
-                    Self::pool_scatter(v_pool, slots, v),
-                ]
-            }
-        }
     }
 
     fn paged_attention(

@@ -1,15 +1,15 @@
 //! Host K/V to write into a pool, and the generic read of pool slots.
 
+use super::PoolBackend;
 use crate::paged::runs;
-use crate::AttentionBackend;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 
 /// One layer of a K/V pool: its K and its V, each `[kv_heads, slots, head_dim]`.
 pub type PoolLayer<B> = (Tensor<B, 3>, Tensor<B, 3>);
 
-/// [`AttentionBackend::pool_write_host`] of one layer's K and V.
-pub(crate) fn write_host_layer<B: AttentionBackend>(
+/// [`PoolBackend::pool_write_host`] of one layer's K and V.
+pub(crate) fn write_host_layer<B: PoolBackend>(
     (k, v): PoolLayer<B>,
     slots: &[usize],
     (sk, sv): &(HostKv, HostKv),

@@ -7,13 +7,21 @@
 //! only stores values and moves them: writes land in place (the pool owns its tensors alone), a
 //! read gathers the slots asked for. A pool holds f32, or f16 ([`FloatDtype`]) where the
 //! backend can (the CPU): half the memory, and half the bytes every decode step reads.
+//!
+//! How a backend holds a layer, and moves values in it, is its [`PoolBackend`]: burn tensor ops by
+//! default, in place on the CPU. There a layer is one row-major array (slot `s` of head `h` at
+//! element `(h * slots + s) * head_dim`); an f16 layer is a burn float tensor whose burn-ndarray
+//! primitive is a `u16` array of the values' bits, which only this crate's CPU code reads
+//! (`cpu/layer.rs`): read the pool through [`KvPool`], never as a burn tensor.
 
+mod backend;
 mod host_kv;
 
+pub use backend::PoolBackend;
 pub(crate) use host_kv::write_host_layer;
 pub use host_kv::{pool_read, HostKv, PoolLayer};
 
-use crate::{AttentionBackend, AttnError, FloatDtype};
+use crate::{AttnError, FloatDtype};
 use burn::tensor::Tensor;
 
 type Result<T> = std::result::Result<T, AttnError>;
@@ -23,7 +31,7 @@ type LayerKv<B> = (Tensor<B, 3>, Tensor<B, 3>);
 
 /// Blocks of K/V for every layer.
 #[derive(Debug)]
-pub struct KvPool<B: AttentionBackend> {
+pub struct KvPool<B: PoolBackend> {
     /// `Some` outside of `&mut self` methods; taken only to update a layer in place.
     layers: Vec<Option<LayerKv<B>>>,
     block_size: usize,
@@ -34,7 +42,7 @@ pub struct KvPool<B: AttentionBackend> {
     device: B::Device,
 }
 
-impl<B: AttentionBackend> KvPool<B> {
+impl<B: PoolBackend> KvPool<B> {
     /// A pool of `blocks` blocks of `block_size` slots for `num_layers` layers of `kv_heads` heads
     /// of `head_dim`, holding the backend's float type (zeroed; on the CPU its pages are mapped
     /// as blocks are first written).
