@@ -38,10 +38,12 @@
 //! - interior reuse with repair stays within stated fidelity bounds;
 //! - a resident sequence's chunks are not copied to the store until eviction, a content hit or a
 //!   flush (`tests/reuse_tiny.rs`);
-//! - the scheduling policy (a step's decode rows and prefill slices, the preemption victim) is a
-//!   pure function of the running set: every decoder runs, the step's budget holds, the oldest
-//!   prefill always advances, a younger prefill never takes rows an older one fits, a full pool
-//!   preempts the newest (property tests in `scheduler/policy.rs`, no model);
+//! - the scheduling policy (a step's decode rows and prefill slices, the preemption victim, and
+//!   admission) is made of pure functions of the running set, the queue and the pool's room:
+//!   every decoder runs, the step's budget holds, the oldest prefill always advances, a younger
+//!   prefill never takes rows an older one fits, a full pool preempts the newest, admission keeps
+//!   its slots and blocks and lets nothing younger pass a request that waits for room (property
+//!   tests in `scheduler/policy/`, no model);
 //! - bad requests (an empty prompt, one longer than the context, one the pool could never hold,
 //!   a second cancel) are clear errors, and a request's failure never stops the others;
 //! - TTFT runs from the request's arrival to the moment its first token id is known: queueing,

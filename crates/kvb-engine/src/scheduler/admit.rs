@@ -1,5 +1,6 @@
 //! Admission: a waiting request becomes a running sequence once its blocks fit.
 
+use super::policy::{admission, waits_for_prefill, Admission, Candidate, PrefillView, Room};
 use super::Scheduler;
 use crate::blocks::{BlockId, BlockManager, IndexCursor};
 use crate::config::GenerationMode;
@@ -12,29 +13,13 @@ use kvb_model::ModelBackend;
 use std::time::Instant;
 
 impl<B: ModelBackend> Scheduler<B> {
-    /// Admits waiting requests, oldest first, while there is a running slot and room for their
-    /// blocks. A request whose prompt shares more with a sequence still prefilling than the cache
-    /// holds waits for that prefill to index its blocks, instead of computing the same prefix
-    /// again beside it (sixteen chats arriving at once behind one system prompt compute it once).
+    /// Admits waiting requests oldest first, each as [`admission`] decides once its reuse is
+    /// planned: a plan reads the pool's tree as the admissions before it left it.
     pub(super) fn admit(&mut self) {
         let mut i = 0;
-        while i < self.waiting.len() && self.running.len() < self.shared.config.max_running {
+        while i < self.waiting.len() && self.room().slots > 0 {
             let t = Instant::now();
-            let mode = self.waiting[i].options.mode;
-            let planner = Planner {
-                store: &self.shared.store,
-                namespace: &self.waiting[i].namespace,
-                chunking: &self.shared.chunking,
-                config: &self.shared.config,
-            };
-            let tokens = &self.waiting[i].tokens[..self.waiting[i].prefill_len];
-            let shared = self.shared.clone();
-            let writer = Self::writer(&shared, &self.waiting[i].namespace);
-            let (pool, resident) = (&self.pool, &mut self.resident);
-            let mut store_resident = |key: &ContentKey, blocks: &mut BlockManager| {
-                writer.store_resident(pool, resident, key, blocks)
-            };
-            let plan = match planner.plan(tokens, mode, &mut self.blocks, &mut store_resident) {
+            let plan = match self.plan_reuse(i) {
                 Ok(p) => p,
                 Err(e) => {
                     let seq = self.waiting.remove(i).expect("index in range");
@@ -43,55 +28,86 @@ impl<B: ModelBackend> Scheduler<B> {
                 }
             };
             let lookup = t.elapsed();
-            if self.wait_for_running_prefill(&self.waiting[i], &plan) {
-                i += 1;
-                continue;
-            }
+            let seq = &self.waiting[i];
             let bs = self.blocks.block_size();
-            let n = self.waiting[i].prefill_len;
-            // Blocks for the prompt and the first generated token; later ones come per step.
-            let needed = (n + 1).div_ceil(bs) - plan.pool_blocks.len();
-            if needed > self.blocks.available() {
-                break; // in order: nothing younger overtakes a request that waits for room
-            }
-            let mut seq = self.waiting.remove(i).expect("index in range");
-            seq.stats.stages.lookup += lookup;
-            seq.stats.stages.queue += seq.submitted.elapsed().saturating_sub(lookup);
-            match self.start(&mut seq, plan, needed) {
-                Ok(()) => {
-                    seq.order = self.next_order;
-                    self.next_order += 1;
-                    self.running.push(seq);
+            let candidate = Candidate {
+                // Blocks for the prompt and the first generated token; later ones come per step.
+                needed_blocks: (seq.prefill_len + 1).div_ceil(bs) - plan.pool_blocks.len(),
+                waits_for_prefill: self.waits_for_prefill(seq, &plan),
+            };
+            match admission(&candidate, self.room()) {
+                Admission::Wait => i += 1,
+                Admission::Stop => break,
+                Admission::Start => {
+                    let mut seq = self.waiting.remove(i).expect("index in range");
+                    seq.stats.stages.lookup += lookup;
+                    seq.stats.stages.queue += seq.submitted.elapsed().saturating_sub(lookup);
+                    match self.start(&mut seq, plan, candidate.needed_blocks) {
+                        Ok(()) => {
+                            seq.order = self.next_order;
+                            self.next_order += 1;
+                            self.running.push(seq);
+                        }
+                        Err(e) => self.end_failed(seq, e),
+                    }
                 }
-                Err(e) => self.end_failed(seq, e),
             }
         }
     }
 
-    /// Whether `seq` should wait for a running prefill that will index more of its prompt than
-    /// `plan` finds now.
-    fn wait_for_running_prefill(&self, seq: &Sequence, plan: &Plan) -> bool {
-        let bs = self.blocks.block_size();
+    /// What admission has room for now.
+    fn room(&self) -> Room {
+        Room {
+            slots: (self.shared.config.max_running).saturating_sub(self.running.len()),
+            blocks: self.blocks.available(),
+        }
+    }
+
+    /// The reuse plan of waiting request `i`: what the pool, then the store, hold of its prompt.
+    fn plan_reuse(&mut self, i: usize) -> Result<Plan, EngineError> {
+        let waiting = &self.waiting[i];
+        let planner = Planner {
+            store: &self.shared.store,
+            namespace: &waiting.namespace,
+            chunking: &self.shared.chunking,
+            config: &self.shared.config,
+        };
+        let tokens = &waiting.tokens[..waiting.prefill_len];
+        let shared = self.shared.clone();
+        let writer = Self::writer(&shared, &waiting.namespace);
+        let (pool, resident) = (&self.pool, &mut self.resident);
+        let mut store_resident = |key: &ContentKey, blocks: &mut BlockManager| {
+            writer.store_resident(pool, resident, key, blocks)
+        };
+        planner.plan(
+            tokens,
+            waiting.options.mode,
+            &mut self.blocks,
+            &mut store_resident,
+        )
+    }
+
+    /// Whether `seq` should wait for a running prefill of its namespace that will index more of
+    /// its prompt than `plan` finds now ([`waits_for_prefill`]).
+    fn waits_for_prefill(&self, seq: &Sequence, plan: &Plan) -> bool {
         if seq.options.mode == GenerationMode::Baseline || !self.shared.config.keep_resident {
             return false;
         }
-        let have = plan.prefix_end(bs) / bs;
-        let prompt = &seq.tokens[..seq.prefill_len];
-        self.running.iter().any(|r| {
-            if r.options.mode == GenerationMode::Baseline
-                || r.decoding()
-                || r.namespace != seq.namespace
-            {
-                return false;
-            }
-            let common = prompt
-                .iter()
-                .zip(&r.tokens[..r.prefill_len.min(r.cacheable_until())])
-                .take_while(|(a, b)| a == b)
-                .count()
-                .min(prompt.len() - 1);
-            common / bs > have && r.final_until() < common
-        })
+        let bs = self.blocks.block_size();
+        let prefills = self.running.iter().filter(|r| {
+            r.options.mode != GenerationMode::Baseline
+                && !r.decoding()
+                && r.namespace == seq.namespace
+        });
+        waits_for_prefill(
+            &seq.tokens[..seq.prefill_len],
+            plan.prefix_end(bs) / bs,
+            bs,
+            prefills.map(|r| PrefillView {
+                tokens: &r.tokens[..r.prefill_len.min(r.cacheable_until())],
+                final_until: r.final_until(),
+            }),
+        )
     }
 
     /// Gives `seq` its blocks and cached K/V, and its prefill work.

@@ -4,8 +4,9 @@
 //!
 //! Each step:
 //! 1. commands in (new requests, cancellations, reset, flush);
-//! 2. admission: requests whose blocks fit are planned (pool tree, store, interior), given their
-//!    blocks and their cached K/V, oldest first ([`admit`]);
+//! 2. admission: waiting requests are planned (pool tree, store, interior) oldest first; the
+//!    policy decides whether each starts, waits for a running prefill or stops admission
+//!    ([`policy::admission`]), and those that start get their blocks and cached K/V ([`admit`]);
 //! 3. one ragged batch, as the policy plans it from a view of the running sequences
 //!    ([`policy`]: pure, tested without a model): one row for each decoding sequence, then the
 //!    next slice of each prefilling one, up to the step's token budget (chunked prefill; a slice

@@ -1,6 +1,11 @@
 //! The scheduling policy as data: what a step runs, decided from a view of the running
 //! sequences alone (no model, no pool), as a [`StepPlan`] that `step.rs` carries out. Which
-//! sequence a full pool preempts is decided here too.
+//! sequence a full pool preempts is decided here too, and whether a waiting request starts
+//! ([`admission`]).
+
+mod admission;
+
+pub(crate) use admission::{admission, waits_for_prefill, Admission, Candidate, PrefillView, Room};
 
 /// A piece of a sequence's prefill work, as the policy sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
