@@ -12,6 +12,7 @@
 //! | weights, config and tokenizer from GGUF (F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K) | [`gguf`] (from [`kvb_modelfile`], a crate without tensors) |
 //! | weights kept packed in their stored precision (every GGUF quantized type; K-quants at the file's bits), `--weights` | [`packed`], [`WeightPrecision`] |
 //! | products with 8-bit activations, as llama.cpp computes (`--activations q8`, CPU) | `model::int8`, [`ActivationPrecision`] |
+//! | a projection's weight in any format behind one trait (f32, packed, 8-bit layouts, stacks, or another crate's): its product, size and conversions | [`LinearWeight`] |
 //! | tokenizer and chat templates | [`tokenizer`] |
 //! | RoPE at arbitrary positions, re-rotation of cached keys | [`rope`] |
 //! | the transformer and its forward pass over ragged batches | [`model`] |
@@ -86,8 +87,8 @@ pub use kvb_attn::{
 };
 pub use kvb_modelfile::{config, gguf, weights};
 pub use model::{
-    ActivationPrecision, ComputePrecision, ForwardBatch, LogitsFor, Model, ModelBackend, SeqRows,
-    WeightPrecision,
+    ActivationPrecision, ComputePrecision, ForwardBatch, LinearWeight, LogitsFor, Model,
+    ModelBackend, SeqRows, WeightPrecision,
 };
 pub use pretrained::{
     detect_format, load_config, load_pretrained, LoadOptions, ModelFormat, Pretrained,
@@ -96,7 +97,7 @@ pub use tokenizer::{ChatFunctionCall, ChatMessage, ChatToolCall, Tokenizer};
 
 /// burn, whose `Backend` and tensors this crate's API takes.
 pub use burn;
-/// Attention and its backend trait ([`ModelBackend`](model::ModelBackend)'s supertrait).
+/// Attention and its backend trait ([`ModelBackend`]'s supertrait).
 pub use kvb_attn;
 /// The tokenizer library [`tokenizer::Tokenizer`] wraps.
 pub use tokenizers;

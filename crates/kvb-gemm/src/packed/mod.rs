@@ -32,7 +32,7 @@
 //! A group's cells are consecutive, so a product reads each group as one stream.
 //!
 //! Parts of one fused projection stored in different formats are kept apart, each as stored,
-//! by the model (`LinearWeight::Stacked`); [`PackedMatrix::from_blocks`] given such a mix
+//! by the model (kvb-model's `Stacked` weight); [`PackedMatrix::from_blocks`] given such a mix
 //! widens them to one cell type that holds them all.
 
 mod dequant;

@@ -3,7 +3,7 @@
 //! accumulates in f32). It is the yardstick fidelity checks put reuse beside: how far a change
 //! of precision people accept every day moves the model's predictions. It is not a fast path.
 
-use super::layers::{Embedding, Linear, LinearWeight, RmsNorm};
+use super::layers::{Embedding, Linear, RmsNorm};
 use super::{Model, ModelBackend};
 use crate::error::Result;
 use crate::packed::{PackedMatrix, CELL_ROWS};
@@ -22,7 +22,7 @@ pub enum ComputePrecision {
 }
 
 /// `v` rounded to bf16 (to nearest, ties to even) and widened back.
-fn bf16(v: f32) -> f32 {
+pub(super) fn bf16(v: f32) -> f32 {
     half::bf16::from_f32(v).to_f32()
 }
 
@@ -41,7 +41,7 @@ pub(super) fn round_tensor<B: ModelBackend, const D: usize>(
 
 /// A packed matrix's weights rounded to bf16 (packed as bf16 when its width allows whole cells,
 /// else `None`: the caller keeps an f32 copy of the rounded values).
-fn rounded_packed(p: &PackedMatrix) -> Result<Option<PackedMatrix>> {
+pub(super) fn rounded_packed(p: &PackedMatrix) -> Result<Option<PackedMatrix>> {
     if !p.k().is_multiple_of(CELL_ROWS) {
         return Ok(None);
     }
@@ -53,40 +53,10 @@ fn rounded_packed(p: &PackedMatrix) -> Result<Option<PackedMatrix>> {
 
 /// The emulated bf16 forward rounds f32 activations; a model whose products quantize them to 8
 /// bits already is not one it emulates.
-fn not_with_q8_activations() -> crate::error::ModelError {
+pub(super) fn not_with_q8_activations() -> crate::error::ModelError {
     crate::error::ModelError::unsupported(
         "a bf16 forward of a model with 8-bit activations (load it with f32 activations)".into(),
     )
-}
-
-impl<B: ModelBackend> LinearWeight<B> {
-    /// The weight rounded to bf16.
-    fn rounded_to_bf16(&self, device: &B::Device) -> Result<Self> {
-        Ok(match self {
-            // Rounded as held, `[out, in]`, so the view (and the backend's kernels) stay.
-            LinearWeight::Dense(w) if B::weights_out_in() => {
-                LinearWeight::Dense(round_tensor(w.clone().transpose())?.transpose())
-            }
-            LinearWeight::Dense(w) => LinearWeight::Dense(round_tensor(w.clone())?),
-            LinearWeight::Packed(p) => match rounded_packed(p)? {
-                Some(r) => LinearWeight::Packed(Arc::new(r)),
-                None => {
-                    let dense: Vec<f32> = p.to_dense().into_iter().map(bf16).collect();
-                    LinearWeight::Dense(Tensor::from_data(
-                        TensorData::new(dense, [p.k(), p.n()]),
-                        kvb_attn::float_on::<B>(device),
-                    ))
-                }
-            },
-            LinearWeight::IntDot(_) => return Err(not_with_q8_activations()),
-            LinearWeight::Stacked(parts) => LinearWeight::Stacked(
-                parts
-                    .iter()
-                    .map(|w| w.rounded_to_bf16(device))
-                    .collect::<Result<_>>()?,
-            ),
-        })
-    }
 }
 
 impl<B: ModelBackend> Linear<B> {

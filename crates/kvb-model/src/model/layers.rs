@@ -2,6 +2,7 @@
 
 use super::backend_ops::ModelBackend;
 use super::int8::IntDotMatrix;
+use super::linear_weight::{Dense, LinearWeight, Packed, Stacked};
 use crate::config::Activation;
 use crate::packed::PackedMatrix;
 use crate::weights::HostTensor;
@@ -15,72 +16,13 @@ use std::sync::Arc;
 /// `[out, in]` where the backend asks for it ([`ModelBackend::weights_out_in`]).
 ///
 /// On the CPU the transpose is done once at load because burn-ndarray copies a non-contiguous
-/// right-hand side on every matmul, which would dominate a decode step.
+/// right-hand side on every matmul, which would dominate a decode step. `W` is a
+/// [`LinearWeight`]: f32, packed blocks, 8-bit-activation layouts, stacks of them, or a format
+/// of another crate's.
 #[derive(Debug, Clone)]
 pub struct Linear<B: ModelBackend> {
-    pub(super) weight: LinearWeight<B>,
+    pub(super) weight: Arc<dyn LinearWeight<B>>,
     pub(super) bias: Option<Tensor<B, 1>>,
-}
-
-/// A projection's weight: f32 on the backend, or kept packed in its stored precision on a
-/// backend that multiplies packed weights ([`ModelBackend::runs_packed_weights`]).
-#[derive(Debug, Clone)]
-pub(super) enum LinearWeight<B: ModelBackend> {
-    Dense(Tensor<B, 2>),
-    /// Shared: a tied LM head is the token embedding.
-    Packed(Arc<PackedMatrix>),
-    /// Laid out for products with 8-bit activations (`--activations q8`, [`super::int8`]).
-    IntDot(Arc<IntDotMatrix>),
-    /// Fused parts stored in different formats (a Q4_K_M file's Q4_K q and k beside a Q6_K v),
-    /// each kept as stored rather than all widened to a format that holds both; their outputs
-    /// side by side.
-    Stacked(Vec<LinearWeight<B>>),
-}
-
-impl<B: ModelBackend> LinearWeight<B> {
-    /// `x`: `[n, in]` -> `[n, out]`.
-    fn apply(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        // One product per stored part, and the concatenation of several.
-        host_work::launched(1);
-        match self {
-            LinearWeight::Dense(w) => B::linear_matmul(x, w.clone()),
-            LinearWeight::Packed(w) => B::packed_linear(x, w),
-            LinearWeight::IntDot(w) => B::int8_linear(x, w),
-            LinearWeight::Stacked(parts) => {
-                Tensor::cat(parts.iter().map(|w| w.apply(x.clone())).collect(), 1)
-            }
-        }
-    }
-
-    /// Output width.
-    fn out_dim(&self) -> usize {
-        match self {
-            LinearWeight::Dense(w) => w.dims()[1],
-            LinearWeight::Packed(w) => w.n(),
-            LinearWeight::IntDot(w) => w.n(),
-            LinearWeight::Stacked(parts) => parts.iter().map(Self::out_dim).sum(),
-        }
-    }
-
-    /// Whether the weight is held quantized to integers, not as floats.
-    fn is_quantized(&self) -> bool {
-        match self {
-            LinearWeight::Dense(_) => false,
-            LinearWeight::Packed(w) => w.cell_values().is_integer(),
-            LinearWeight::IntDot(_) => true,
-            LinearWeight::Stacked(parts) => parts.iter().all(Self::is_quantized),
-        }
-    }
-
-    /// Bytes the weight holds.
-    fn bytes(&self) -> usize {
-        match self {
-            LinearWeight::Dense(w) => w.shape().num_elements() * w.dtype().size(),
-            LinearWeight::Packed(w) => w.bytes(),
-            LinearWeight::IntDot(w) => w.bytes(),
-            LinearWeight::Stacked(parts) => parts.iter().map(Self::bytes).sum(),
-        }
-    }
 }
 
 impl<B: ModelBackend> Linear<B> {
@@ -106,7 +48,7 @@ impl<B: ModelBackend> Linear<B> {
             Tensor::from_data(TensorData::new(t, [cols, rows]), float_on::<B>(device))
         };
         Linear {
-            weight: LinearWeight::Dense(weight),
+            weight: Arc::new(Dense(weight)),
             bias: bias_tensor(bias, device),
         }
     }
@@ -114,9 +56,15 @@ impl<B: ModelBackend> Linear<B> {
     /// Builds from a weight `[in, out]` as [`ModelBackend::linear_matmul`] takes it.
     pub fn from_in_out(weight: Tensor<B, 2>) -> Self {
         Linear {
-            weight: LinearWeight::Dense(weight),
+            weight: Arc::new(Dense(weight)),
             bias: None,
         }
+    }
+
+    /// Builds from a weight in any format (kvb's: [`super::Dense`], [`super::Packed`], ...; or
+    /// another crate's) and an optional bias `[out]` on the backend.
+    pub fn from_weight(weight: Arc<dyn LinearWeight<B>>, bias: Option<Tensor<B, 1>>) -> Self {
+        Linear { weight, bias }
     }
 
     /// Builds from a packed weight, kept packed where the backend multiplies packed weights
@@ -126,20 +74,20 @@ impl<B: ModelBackend> Linear<B> {
         bias: Option<Vec<f32>>,
         device: &B::Device,
     ) -> Self {
-        let weight = if B::runs_packed_weights() {
-            LinearWeight::Packed(weight)
+        let weight: Arc<dyn LinearWeight<B>> = if B::runs_packed_weights() {
+            Arc::new(Packed(weight))
         } else if B::weights_out_in() {
-            LinearWeight::Dense(out_in_view(
+            Arc::new(Dense(out_in_view(
                 weight.to_torch_layout(),
                 weight.n(),
                 weight.k(),
                 device,
-            ))
+            )))
         } else {
-            LinearWeight::Dense(Tensor::from_data(
+            Arc::new(Dense(Tensor::from_data(
                 TensorData::new(weight.to_dense(), [weight.k(), weight.n()]),
                 float_on::<B>(device),
-            ))
+            )))
         };
         Linear {
             weight,
@@ -147,7 +95,7 @@ impl<B: ModelBackend> Linear<B> {
         }
     }
 
-    /// Builds from stored parts kept apart (see [`LinearWeight::Stacked`]), their outputs side
+    /// Builds from stored parts kept apart (see [`Stacked`]), their outputs side
     /// by side in order, and an optional bias over all of them.
     pub(super) fn stacked(
         parts: Vec<Linear<B>>,
@@ -155,13 +103,14 @@ impl<B: ModelBackend> Linear<B> {
         device: &B::Device,
     ) -> Self {
         Linear {
-            weight: LinearWeight::Stacked(parts.into_iter().map(|l| l.weight).collect()),
+            weight: Arc::new(Stacked(parts.into_iter().map(|l| l.weight).collect())),
             bias: bias_tensor(bias, device),
         }
     }
 
     /// `x`: `[n, in]` -> `[n, out]`.
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        host_work::launched(1);
         let y = self.weight.apply(x);
         match &self.bias {
             Some(b) => {

@@ -11,6 +11,7 @@ mod cube_ops;
 mod gemm_tests;
 pub use kvb_gemm::int8;
 mod layers;
+mod linear_weight;
 mod precision;
 mod q8_activations;
 #[cfg(all(test, feature = "ndarray"))]
@@ -26,6 +27,7 @@ pub use bf16_compute::ComputePrecision;
 pub use cube_ops::PROJECTION_KERNEL_ROWS;
 pub use kvb_attn::pool::HostKv;
 pub use layers::{activate, Embedding, Linear, RmsNorm};
+pub use linear_weight::{Dense, IntDot, LinearWeight, Packed, Stacked};
 pub use precision::WeightPrecision;
 pub use q8_activations::ActivationPrecision;
 

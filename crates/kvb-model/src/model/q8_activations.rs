@@ -1,7 +1,8 @@
 //! `--activations`: converting a loaded model's integer weights for products with 8-bit
 //! activations ([`super::int8`]).
 
-use super::layers::{Embedding, Linear, LinearWeight};
+use super::layers::{Embedding, Linear};
+use super::linear_weight::IntDot;
 use super::{Model, ModelBackend};
 use crate::error::{ModelError, Result};
 
@@ -55,34 +56,6 @@ impl std::str::FromStr for ActivationPrecision {
     }
 }
 
-impl<B: ModelBackend> LinearWeight<B> {
-    /// Whether some part of the weight is one [`super::int8::IntDotMatrix`] takes.
-    fn takes_q8_activations(&self) -> bool {
-        match self {
-            LinearWeight::Packed(p) => super::int8::IntDotMatrix::takes(p),
-            LinearWeight::Stacked(parts) => parts.iter().any(Self::takes_q8_activations),
-            _ => false,
-        }
-    }
-
-    /// The weight with packed integer parts taken for 8-bit activations (re-laid out, or
-    /// K-quant cells shared as loaded); others (f32, 16-bit floats) unchanged.
-    fn with_q8_activations(self) -> Self {
-        use super::int8::IntDotMatrix;
-        use std::sync::Arc;
-        match self {
-            LinearWeight::Packed(p) => match IntDotMatrix::from_packed(&p) {
-                Some(d) => LinearWeight::IntDot(Arc::new(d)),
-                None => LinearWeight::Packed(p),
-            },
-            LinearWeight::Stacked(parts) => {
-                LinearWeight::Stacked(parts.into_iter().map(Self::with_q8_activations).collect())
-            }
-            other => other,
-        }
-    }
-}
-
 impl<B: ModelBackend> Linear<B> {
     /// Whether the weight is one [`super::int8::IntDotMatrix`] takes.
     fn takes_q8_activations(&self) -> bool {
@@ -92,7 +65,7 @@ impl<B: ModelBackend> Linear<B> {
     /// The projection with its packed integer weights re-laid out for 8-bit activations.
     fn with_q8_activations(self) -> Self {
         Linear {
-            weight: self.weight.with_q8_activations(),
+            weight: self.weight.with_q8_activations().unwrap_or(self.weight),
             bias: self.bias,
         }
     }
@@ -150,15 +123,15 @@ impl<B: ModelBackend> Model<B> {
             ));
         }
         // A tied head and the embedding share one matrix: convert it once for both.
-        let shared = match (&self.embed, &self.lm_head.weight) {
-            (Embedding::Packed(e), LinearWeight::Packed(h)) if Arc::ptr_eq(e, h) => {
+        let shared = match (&self.embed, self.lm_head.weight.packed()) {
+            (Embedding::Packed(e), Some(h)) if Arc::ptr_eq(e, h) => {
                 IntDotMatrix::from_packed(e).map(Arc::new)
             }
             _ => None,
         };
         if let Some(d) = shared {
             self.embed = Embedding::IntDot(d.clone());
-            self.lm_head.weight = LinearWeight::IntDot(d);
+            self.lm_head.weight = Arc::new(IntDot(d));
         } else {
             self.lm_head = self.lm_head.with_q8_activations();
         }
