@@ -1,6 +1,7 @@
 //! Tool calling on the default model (the tiny one's 256-token context cannot hold the tools'
 //! description): `required` and a named function give calls whose arguments fit their
-//! schemas, streamed and whole alike; `none` gives text; calls and results in the history are
+//! schemas, streamed (in pieces) and whole alike; `auto` gives text or calls that fit; `none`
+//! gives text; calls and results in the history are
 //! taken; bad tools are refused by name (on the tiny model: refused before it runs).
 
 mod common;
@@ -71,35 +72,75 @@ fn request(choice: Value, seed: u64) -> Value {
         "tools": tools(), "tool_choice": choice})
 }
 
-/// The calls of a streamed answer (name, arguments), and its finish reason.
-fn streamed_calls(s: &Server, body: &Value) -> (Vec<(String, String)>, String) {
+/// A streamed answer: its content, its calls (name, arguments: the pieces joined), how many
+/// pieces they came in, and its finish reason.
+struct Streamed {
+    content: String,
+    calls: Vec<(String, String)>,
+    pieces: usize,
+    finish: String,
+}
+
+fn streamed(s: &Server, body: &Value) -> Streamed {
     let r = post_streaming(s, "/v1/chat/completions", body);
     assert_eq!(r.status().as_u16(), 200);
-    let (mut calls, mut finish) = (Vec::new(), String::new());
+    let mut out = Streamed {
+        content: String::new(),
+        calls: Vec::new(),
+        pieces: 0,
+        finish: String::new(),
+    };
     for d in sse_data(&r.text().unwrap())
         .iter()
         .filter(|d| *d != "[DONE]")
     {
         let c: Value = serde_json::from_str(d).unwrap();
         let choice = &c["choices"][0];
+        out.content += choice["delta"]["content"].as_str().unwrap_or("");
         for call in choice["delta"]["tool_calls"]
             .as_array()
             .into_iter()
             .flatten()
         {
-            assert_eq!(call["index"].as_u64().unwrap() as usize, calls.len());
-            assert!(call["id"].as_str().unwrap().starts_with("call"));
+            let index = call["index"].as_u64().unwrap() as usize;
             let f = &call["function"];
-            calls.push((
-                f["name"].as_str().unwrap().to_string(),
-                f["arguments"].as_str().unwrap().to_string(),
-            ));
+            // A call's first piece has its id, type and name; later pieces only arguments.
+            if let Some(id) = call["id"].as_str() {
+                assert!(id.starts_with("call"));
+                assert_eq!(call["type"], "function");
+                assert_eq!(index, out.calls.len(), "calls start in order");
+                out.calls
+                    .push((f["name"].as_str().unwrap().to_string(), String::new()));
+            } else {
+                assert!(f["name"].is_null() && call["type"].is_null(), "{call}");
+            }
+            out.calls[index].1 += f["arguments"].as_str().unwrap();
+            out.pieces += 1;
         }
         if let Some(f) = choice["finish_reason"].as_str() {
-            finish = f.to_string();
+            out.finish = f.to_string();
         }
     }
-    (calls, finish)
+    out
+}
+
+/// A whole answer's calls (name, arguments), each fitting its function.
+fn whole_calls(v: &Value) -> Vec<(String, String)> {
+    v["choices"][0]["message"]["tool_calls"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| {
+            assert_eq!(t["type"], "function");
+            let f = &t["function"];
+            let (name, args) = (
+                f["name"].as_str().unwrap().to_string(),
+                f["arguments"].as_str().unwrap().to_string(),
+            );
+            assert!(fits(&name, &args), "{name}({args}) does not fit");
+            (name, args)
+        })
+        .collect()
 }
 
 /// A ChatML template with a tools section that writes calls in `<tool_call>` lines (the shape
@@ -202,6 +243,7 @@ fn a_template_with_a_tools_section_writes_tools_and_calls() {
         "{text}"
     );
     forced_calls_fit(&tagged, 1);
+    auto_answers_fit(&tagged, 2);
     drop(tagged);
     let (_d, json_calls) = server_with_template(JSON_CALLS);
     let text = prompt(&json_calls);
@@ -215,6 +257,7 @@ fn a_template_with_a_tools_section_writes_tools_and_calls() {
         "{text}"
     );
     forced_calls_fit(&json_calls, 1);
+    auto_answers_fit(&json_calls, 2);
     // The generic format, for comparison: kvb's description and tags in the messages.
     let text = prompt(&default_server());
     assert!(
@@ -239,30 +282,62 @@ fn forced_calls_fit(s: &Server, seeds: u64) {
             assert_eq!(status, 200, "{v}");
             let c = &v["choices"][0];
             assert_eq!(c["finish_reason"], "tool_calls", "{v}");
-            let calls: Vec<(String, String)> = c["message"]["tool_calls"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|t| {
-                    assert_eq!(t["type"], "function");
-                    let f = &t["function"];
-                    (
-                        f["name"].as_str().unwrap().to_string(),
-                        f["arguments"].as_str().unwrap().to_string(),
-                    )
-                })
-                .collect();
+            let calls = whole_calls(&v);
             assert!(!calls.is_empty());
-            for (name, args) in &calls {
-                assert!(fits(name, args), "{name}({args}) does not fit");
-            }
             if choice.is_object() {
                 assert_eq!(calls.len(), 1, "a named function is called once");
                 assert_eq!(calls[0].0, "add");
             }
-            assert_eq!(streamed_calls(s, &body), (calls, "tool_calls".to_string()));
+            let st = streamed(s, &body);
+            assert_eq!((&st.calls, st.finish.as_str()), (&calls, "tool_calls"));
+            assert!(st.pieces > calls.len(), "calls go out in pieces");
         }
     }
+}
+
+/// `auto`: the model answers in text or calls; calls fit their functions (once opened, a
+/// call is constrained), and the stream gives the same answer in pieces.
+#[test]
+fn auto_answers_are_text_or_calls_that_fit() {
+    let s = default_server();
+    assert!(auto_answers_fit(&s, 6) > 0, "some seed calls a function");
+}
+
+/// `auto` on `s` with `seeds` seeds: each answer is text, or calls that fit, streamed and
+/// whole alike. Returns how many answers made calls. A 135M model rarely opens a call on its
+/// own: `<` is made likelier (`logit_bias`), which also tempts it into tags that are no call.
+fn auto_answers_fit(s: &Server, seeds: u64) -> usize {
+    let lt = client()
+        .post(s.url("/tokenize"))
+        .json(&json!({"prompt": "<"}))
+        .send()
+        .unwrap()
+        .json::<Value>()
+        .unwrap()["tokens"][0]
+        .clone();
+    let mut called = 0;
+    for seed in 0..seeds {
+        let mut body = request(json!("auto"), seed);
+        body["parallel_tool_calls"] = json!(false);
+        body["logit_bias"] = json!({ lt.to_string(): 4 });
+        let (status, v) = post(s, &body);
+        assert_eq!(status, 200, "{v}");
+        let calls = whole_calls(&v);
+        let finish = v["choices"][0]["finish_reason"].as_str().unwrap();
+        if !calls.is_empty() {
+            called += 1;
+            assert_eq!(finish, "tool_calls", "{v}");
+        }
+        let st = streamed(s, &body);
+        assert_eq!(
+            (&st.calls, st.finish.as_str()),
+            (&calls, finish),
+            "seed {seed}"
+        );
+        let content = v["choices"][0]["message"]["content"].as_str().unwrap_or("");
+        assert_eq!(st.content.trim(), content.trim(), "seed {seed}");
+    }
+    called
 }
 
 #[test]

@@ -244,18 +244,30 @@ pub struct ToolCallOut {
     pub function: FunctionCall,
 }
 
-/// A call in a streamed chunk (OpenAI's shape; kvb sends each call whole, in one chunk).
+/// A piece of a call in a streamed chunk (OpenAI's shape): the first piece of a call has its
+/// `id`, `type` and function name; the pieces after it add to its arguments' text.
 #[derive(Serialize, Debug, Clone, ToSchema)]
 pub struct ToolCallDelta {
     /// Which call of the answer, from 0.
     pub index: u32,
-    /// `call_...`.
-    pub id: String,
-    /// `function`.
-    #[serde(rename = "type")]
-    pub kind: &'static str,
-    /// The function and its arguments.
-    pub function: FunctionCall,
+    /// `call_...`, in a call's first piece.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// `function`, in a call's first piece.
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    /// The function's name (first piece) and more of its arguments.
+    pub function: FunctionCallDelta,
+}
+
+/// What a streamed piece of a call adds.
+#[derive(Serialize, Debug, Clone, ToSchema)]
+pub struct FunctionCallDelta {
+    /// The function's name, in a call's first piece.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The next piece of the arguments' JSON text (the pieces joined are the whole text).
+    pub arguments: String,
 }
 
 /// `POST /v1/chat/completions`.
@@ -382,7 +394,7 @@ pub struct Delta {
     /// New text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
-    /// Tool calls, each whole.
+    /// Pieces of tool calls, as they are generated.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCallDelta>>,
 }

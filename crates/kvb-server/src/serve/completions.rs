@@ -9,7 +9,8 @@ use super::chat_prompt::chat_prompt_tokens;
 use super::error::ApiError;
 use super::logprobs;
 use super::sampling::sampling_params;
-use super::tools::{self, tools_of, ChatPrompt, ParsedCall, ToolFormat, ToolStream, Tools};
+use super::tool_stream::{Finished, StreamPiece, ToolStream};
+use super::tools::{self, tools_of, ChatPrompt, ToolFormat, Tools};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::sse::{Event as SseEvent, Sse};
@@ -109,7 +110,7 @@ pub async fn chat_completions(
             (arrival, tenant.map(|t| t.0).unwrap_or_default()),
         )?;
         if let Some(t) = &tools {
-            job.options.grammar = t.grammar();
+            job.options.grammar = Some(t.grammar());
         }
         job.tools = tools;
         Ok(job)
@@ -777,18 +778,36 @@ impl StreamState {
         }
     }
 
-    /// A chat chunk with copy `index`'s calls, each whole.
-    fn calls_chunk(&self, index: usize, calls: Vec<ParsedCall>) -> SseEvent {
-        let calls = calls
-            .into_iter()
-            .enumerate()
-            .map(|(i, c)| ToolCallDelta {
-                index: i as u32,
-                id: self.app.new_id("call"),
-                kind: "function",
-                function: c.into(),
-            })
-            .collect();
+    /// Queues copy `index`'s `pieces`: text (with its token's log-probabilities when the
+    /// request asks), and pieces of calls.
+    fn send_pieces(
+        &mut self,
+        index: usize,
+        pieces: Vec<StreamPiece>,
+        token: Option<&TokenLogprobs>,
+    ) {
+        for piece in pieces {
+            let e = match piece {
+                StreamPiece::Text(text) => self.chunk(index, Some(text), false, None, token),
+                call => self.call_chunk(index, call),
+            };
+            self.pending.push_back(e);
+        }
+    }
+
+    /// A chat chunk with a piece of one of copy `index`'s calls.
+    fn call_chunk(&self, index: usize, piece: StreamPiece) -> SseEvent {
+        let (call, name, arguments) = match piece {
+            StreamPiece::CallStart { index, name } => (index, Some(name), String::new()),
+            StreamPiece::Arguments { index, text } => (index, None, text),
+            StreamPiece::Text(_) => unreachable!("text goes out in a content chunk"),
+        };
+        let delta = ToolCallDelta {
+            index: call as u32,
+            id: name.as_ref().map(|_| self.app.new_id("call")),
+            kind: name.as_ref().map(|_| "function"),
+            function: FunctionCallDelta { name, arguments },
+        };
         Self::json(&ChatCompletionChunk {
             id: self.job.id.clone(),
             object: "chat.completion.chunk",
@@ -799,7 +818,7 @@ impl StreamState {
                 delta: Delta {
                     role: None,
                     content: None,
-                    tool_calls: Some(calls),
+                    tool_calls: Some(vec![delta]),
                 },
                 logprobs: None,
                 finish_reason: None,
@@ -837,16 +856,12 @@ impl StreamState {
             // The prompt is counted once, by the first copy's start (the copies share it).
             Some(Event::Started(_)) => {}
             Some(Event::Token { text, logprobs, .. }) => {
-                let tools = self.copies[index].tool_stream.as_mut();
-                let held = tools.is_some();
-                let text = match tools {
-                    Some(t) => t.push(&text),
-                    None => text,
+                let stream = self.copies[index].tool_stream.as_mut();
+                let pieces = match (stream, self.job.tools.as_ref()) {
+                    (Some(stream), Some(tools)) => stream.push(&text, tools),
+                    _ => vec![StreamPiece::Text(text)],
                 };
-                if !(text.is_empty() && held) {
-                    let e = self.chunk(index, Some(text), false, None, logprobs.as_ref());
-                    self.pending.push_back(e);
-                }
+                self.send_pieces(index, pieces, logprobs.as_ref());
             }
             Some(Event::Finished(r)) => match *r {
                 Ok(r) => self.finish_copy(index, r),
@@ -862,15 +877,15 @@ impl StreamState {
         let mut finish = finish_reason(&r);
         let held = self.copies[index].tool_stream.take();
         match held.zip(self.job.tools.as_ref()).map(|(s, t)| s.finish(t)) {
-            Some(Ok(calls)) => {
-                let e = self.calls_chunk(index, calls);
-                self.pending.push_back(e);
+            Some(Finished::Calls(pieces)) => {
+                self.send_pieces(index, pieces, None);
                 finish = "tool_calls";
             }
-            Some(Err(rest)) if !rest.is_empty() => {
+            Some(Finished::Text(rest)) if !rest.is_empty() => {
                 let e = self.chunk(index, Some(rest), false, None, None);
                 self.pending.push_back(e);
             }
+            // Text sent whole, or a call cut short by the token limit (its pieces stand).
             _ => {}
         }
         let last = self.chunk(index, None, false, Some(finish), None);

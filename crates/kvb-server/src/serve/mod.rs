@@ -23,6 +23,7 @@ mod logprobs;
 mod metrics;
 mod sampling;
 mod tokenize;
+mod tool_stream;
 mod tools;
 
 use crate::backend::{probe_device, with_backend};

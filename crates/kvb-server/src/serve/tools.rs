@@ -16,7 +16,7 @@ use kvb_engine::Grammar;
 use kvb_model::{ChatMessage, Tokenizer};
 use serde_json::{json, Value};
 
-const OPEN: &str = "<tool_call>";
+pub(super) const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
 
 /// How the model's chat template writes tools and calls.
@@ -356,57 +356,81 @@ impl Tools {
             .collect()
     }
 
-    /// For a forced choice, the grammar of the answer: calls in the format, each constrained
-    /// to its function's schema (one call unless parallel calls are allowed).
-    pub fn grammar(&self) -> Option<Grammar> {
+    /// The grammar of the answer: calls in the format, each constrained to its function's
+    /// schema (one call unless parallel calls are allowed). A forced choice is calls only; with
+    /// `auto` the answer is free text or, once it starts a call, calls: its text cannot hold a
+    /// call's opening (a `{` first, in the JSON format), so a call is never left unconstrained.
+    pub fn grammar(&self) -> Grammar {
         let functions: Vec<&FunctionDef> = match self.choice {
-            Choice::Auto => return None,
-            Choice::Required => self.functions.iter().collect(),
+            Choice::Auto | Choice::Required => self.functions.iter().collect(),
             Choice::Named(i) => vec![&self.functions[i]],
         };
         let names: Vec<String> = (0..functions.len()).map(|i| format!("fn{i}")).collect();
-        if self.format == ToolFormat::Json {
-            let mut lark = format!("start: {}\n", names.join(" | "));
-            for (name, f) in names.iter().zip(&functions) {
-                let mut schema = call_schema(f, "parameters");
-                schema["x-guidance"] = kvb_engine::json_layout();
-                lark += &format!("{name}: %json {schema}\n");
+        let (key, mut lark) = match (self.format, &self.choice) {
+            // Llama 3.1's: one call, the whole answer.
+            (ToolFormat::Json, Choice::Auto) => (
+                "parameters",
+                format!(
+                    "start: TEXT | {}\nTEXT: /\\s*[^{{\\s](.|\\n)*/\n",
+                    names.join(" | ")
+                ),
+            ),
+            (ToolFormat::Json, _) => ("parameters", format!("start: {}\n", names.join(" | "))),
+            (_, choice) => {
+                let several = self.parallel && !matches!(choice, Choice::Named(_));
+                let calls = if several {
+                    "call (\"\\n\" call)*"
+                } else {
+                    "call"
+                };
+                let start = match choice {
+                    Choice::Auto => format!(
+                        "start: TEXT ({calls})?\nTEXT: /(.|\\n)*/ & ~/(.|\\n)*{OPEN}(.|\\n)*/\n"
+                    ),
+                    _ => format!("start: {calls}\n"),
+                };
+                let call = format!(
+                    "call: \"{OPEN}\\n\" ({}) \"\\n{CLOSE}\"\n",
+                    names.join(" | ")
+                );
+                ("arguments", start + &call)
             }
-            return Some(Grammar::Lark(lark));
-        }
-        let several = self.parallel && self.choice == Choice::Required;
-        let mut lark = String::from(if several {
-            "start: call (\"\\n\" call)*\n"
-        } else {
-            "start: call\n"
-        });
-        lark += &format!(
-            "call: \"{OPEN}\\n\" ({}) \"\\n{CLOSE}\"\n",
-            names.join(" | ")
-        );
+        };
         for (name, f) in names.iter().zip(&functions) {
-            let mut schema = call_schema(f, "arguments");
+            let mut schema = call_schema(f, key);
             schema["x-guidance"] = kvb_engine::json_layout();
             lark += &format!("{name}: %json {schema}\n");
         }
-        Some(Grammar::Lark(lark))
+        Grammar::Lark(lark)
     }
 
-    /// The call `v` (`{"name", key: {...}}`), when it is one of a function offered.
-    fn call_of(&self, v: &Value, key: &str) -> Option<ParsedCall> {
-        let name = v.get("name")?.as_str()?;
-        if !self.functions.iter().any(|f| f.name == name) {
+    /// Whether `name` is a function offered.
+    pub fn offers(&self, name: &str) -> bool {
+        self.functions.iter().any(|f| f.name == name)
+    }
+
+    /// How calls are written.
+    pub fn format(&self) -> ToolFormat {
+        self.format
+    }
+
+    /// The call written in `json` (`{"name", key: {...}}`), when it is one of a function
+    /// offered; its arguments as written (an object's text), or a string's value.
+    fn call_of(&self, json: &str, keys: &[&str]) -> Option<ParsedCall> {
+        use serde_json::value::RawValue;
+        let fields: std::collections::HashMap<String, &RawValue> =
+            serde_json::from_str(json).ok()?;
+        let name: String = serde_json::from_str(fields.get("name")?.get()).ok()?;
+        if !self.offers(&name) {
             return None;
         }
-        let arguments = match v.get(key)? {
-            Value::String(s) => s.clone(),
-            a @ Value::Object(_) => a.to_string(),
+        let raw = keys.iter().find_map(|k| fields.get(*k))?.get();
+        let arguments = match serde_json::from_str::<Value>(raw).ok()? {
+            Value::String(s) => s,
+            Value::Object(_) => raw.to_string(),
             _ => return None,
         };
-        Some(ParsedCall {
-            name: name.to_string(),
-            arguments,
-        })
+        Some(ParsedCall { name, arguments })
     }
 
     /// The calls in `text`, with the text before the first; `None` when it makes none, or
@@ -414,10 +438,7 @@ impl Tools {
     pub fn parse(&self, text: &str) -> Option<(Option<String>, Vec<ParsedCall>)> {
         if self.format == ToolFormat::Json {
             // The whole answer is the call; Llama 3.1 names the arguments `parameters`.
-            let v: Value = serde_json::from_str(text.trim()).ok()?;
-            let call = self
-                .call_of(&v, "parameters")
-                .or_else(|| self.call_of(&v, "arguments"))?;
+            let call = self.call_of(text.trim(), &["parameters", "arguments"])?;
             return Some((None, vec![call]));
         }
         let start = text.find(OPEN)?;
@@ -425,8 +446,7 @@ impl Tools {
         let mut rest = &text[start..];
         while let Some(after) = rest.strip_prefix(OPEN) {
             let end = after.find(CLOSE).unwrap_or(after.len());
-            let v: Value = serde_json::from_str(after[..end].trim()).ok()?;
-            calls.push(self.call_of(&v, "arguments")?);
+            calls.push(self.call_of(after[..end].trim(), &["arguments"])?);
             rest = after[end..].strip_prefix(CLOSE).unwrap_or("").trim_start();
         }
         if !rest.is_empty() {
@@ -446,67 +466,21 @@ impl From<ParsedCall> for FunctionCall {
     }
 }
 
-/// A streamed answer's text with tools offered: text goes out as it comes until a call may
-/// be starting; from there on it is held, to be read as calls at the end.
-#[derive(Debug)]
-pub struct ToolStream {
-    text: String,
-    /// Bytes of `text` sent as content.
-    sent: usize,
-    /// A call has started (or the answer must be calls): nothing more goes out as content.
-    holding: bool,
-    /// The format: where a call may start.
-    format: ToolFormat,
-}
-
-impl ToolStream {
-    /// A stream of an answer to `tools`; a forced answer holds everything.
-    pub fn new(tools: &Tools) -> Self {
-        ToolStream {
-            text: String::new(),
-            sent: 0,
-            holding: tools.forced(),
-            format: tools.format,
-        }
-    }
-
-    /// Takes the next piece of text; returns what can go out as content now.
-    pub fn push(&mut self, piece: &str) -> String {
-        self.text.push_str(piece);
-        if self.holding {
-            return String::new();
-        }
-        let unsent = &self.text[self.sent..];
-        let (until, holding) = match self.format {
-            // A JSON call is the whole answer: held while the answer may still start one.
-            ToolFormat::Json => match (self.sent, unsent.trim_start()) {
-                (0, "") => (0, false),
-                (0, t) if t.starts_with('{') => (0, true),
-                _ => (unsent.len(), false),
-            },
-            _ => match unsent.find(OPEN) {
-                Some(i) => (i, true),
-                // Hold back an end that may be the start of the tag.
-                None => (
-                    (1..OPEN.len())
-                        .rev()
-                        .find(|&k| unsent.ends_with(&OPEN[..k]))
-                        .map_or(unsent.len(), |k| unsent.len() - k),
-                    false,
-                ),
-            },
+#[cfg(test)]
+impl Tools {
+    /// Tools for tests: `get_weather` and `add`, each of an integer `x`.
+    pub(crate) fn two_functions(choice: Choice, parallel: bool, format: ToolFormat) -> Tools {
+        let f = |name: &str| FunctionDef {
+            name: name.into(),
+            description: Some(format!("{name} things")),
+            parameters: Some(json!({"type": "object", "properties": {"x": {"type": "integer"}}})),
+            strict: None,
         };
-        self.holding = holding;
-        let out = unsent[..until].to_string();
-        self.sent += until;
-        out
-    }
-
-    /// At the end: the answer's calls (and nothing more to send), or the text held back.
-    pub fn finish(self, tools: &Tools) -> Result<Vec<ParsedCall>, String> {
-        match tools.parse(&self.text) {
-            Some((_, calls)) => Ok(calls),
-            None => Err(self.text[self.sent..].to_string()),
+        Tools {
+            functions: vec![f("get_weather"), f("add")],
+            choice,
+            parallel,
+            format,
         }
     }
 }
@@ -520,18 +494,7 @@ mod tests {
     }
 
     fn in_format(choice: Choice, parallel: bool, format: ToolFormat) -> Tools {
-        let f = |name: &str| FunctionDef {
-            name: name.into(),
-            description: Some(format!("{name} things")),
-            parameters: Some(json!({"type": "object", "properties": {"x": {"type": "integer"}}})),
-            strict: None,
-        };
-        Tools {
-            functions: vec![f("get_weather"), f("add")],
-            choice,
-            parallel,
-            format,
-        }
+        Tools::two_functions(choice, parallel, format)
     }
 
     #[test]
@@ -575,35 +538,8 @@ mod tests {
     }
 
     #[test]
-    fn a_stream_sends_text_until_a_call_may_start() {
-        let t = tools(Choice::Auto, true);
-        let mut s = ToolStream::new(&t);
-        let call = call_text("add", r#"{"x": 3}"#);
-        let mut sent = String::new();
-        for piece in [
-            "Sure",
-            ", one moment <",
-            "tool",
-            "_call>",
-            &call["<tool_call>".len()..],
-        ] {
-            sent += &s.push(piece);
-        }
-        assert_eq!(sent, "Sure, one moment ");
-        assert_eq!(s.finish(&t).unwrap()[0].name, "add");
-        // A `<` that starts no tag goes out once the next piece shows it.
-        let mut s = ToolStream::new(&t);
-        assert_eq!(s.push("a <"), "a ");
-        assert_eq!(s.push("b"), "<b");
-        assert_eq!(s.finish(&t), Err(String::new()));
-        let mut forced = ToolStream::new(&tools(Choice::Required, true));
-        assert_eq!(forced.push("<tool_call>"), "");
-    }
-
-    #[test]
-    fn forced_choices_have_a_grammar_of_calls() {
-        assert!(tools(Choice::Auto, true).grammar().is_none());
-        let Some(Grammar::Lark(one)) = tools(Choice::Named(1), true).grammar() else {
+    fn every_choice_has_a_grammar_of_calls() {
+        let Grammar::Lark(one) = tools(Choice::Named(1), true).grammar() else {
             panic!()
         };
         assert!(
@@ -612,12 +548,20 @@ mod tests {
                 && !one.contains("get_weather"),
             "{one}"
         );
-        let Some(Grammar::Lark(many)) = tools(Choice::Required, true).grammar() else {
+        let Grammar::Lark(many) = tools(Choice::Required, true).grammar() else {
             panic!()
         };
         assert!(
-            many.contains("call (\"\\n\" call)*") && many.contains("fn1"),
+            many.starts_with("start: call (\"\\n\" call)*\n") && many.contains("fn1"),
             "{many}"
+        );
+        // `auto`: text that holds no call's opening, then calls or nothing.
+        let Grammar::Lark(auto) = tools(Choice::Auto, false).grammar() else {
+            panic!()
+        };
+        assert!(
+            auto.starts_with("start: TEXT (call)?\n") && auto.contains("& ~/(.|\\n)*<tool_call>"),
+            "{auto}"
         );
     }
 
@@ -655,25 +599,19 @@ mod tests {
                 None,
                 vec![ParsedCall {
                     name: "add".into(),
-                    arguments: r#"{"x":2}"#.into()
+                    arguments: r#"{"x": 2}"#.into()
                 }]
             ))
         );
         assert_eq!(t.parse(r#"{"name": "sub", "parameters": {}}"#), None);
         assert_eq!(t.parse(&format!("Sure: {call}")), None, "text first");
-        // Streamed: held while it may be a call, sent at once when it cannot be one.
-        let mut s = ToolStream::new(&t);
-        let sent: String = [" ", call.trim(), ""].iter().map(|p| s.push(p)).collect();
-        assert_eq!(sent, "");
-        assert_eq!(s.finish(&t).unwrap()[0].name, "add");
-        let mut s = ToolStream::new(&t);
-        assert_eq!(s.push(" "), "");
-        assert_eq!(s.push("It is {sunny}"), " It is {sunny}");
-        assert_eq!(s.push(" today"), " today");
-        assert_eq!(s.finish(&t), Err(String::new()));
+        // `auto`: text that cannot start with `{`, or the call.
+        let Grammar::Lark(auto) = t.grammar() else {
+            panic!()
+        };
+        assert!(auto.starts_with("start: TEXT | fn0 | fn1\n"), "{auto}");
         // Forced: one call, no tags, no parallel calls.
-        let Some(Grammar::Lark(one)) =
-            in_format(Choice::Required, true, ToolFormat::Json).grammar()
+        let Grammar::Lark(one) = in_format(Choice::Required, true, ToolFormat::Json).grammar()
         else {
             panic!()
         };
