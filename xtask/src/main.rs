@@ -225,8 +225,15 @@ fn kvb(args: &[&str]) -> Command {
 }
 
 /// Builds the `kvb` binary (the shared feature set) and returns its path: the benchmark runs it
-/// directly, so nothing is rebuilt between its runs.
+/// directly, so nothing is rebuilt between its runs. `KVB_BINARY` names another one instead (an
+/// older build, to measure two commits in one session).
 fn kvb_binary() -> Result<PathBuf> {
+    if let Some(bin) = std::env::var_os("KVB_BINARY").map(PathBuf::from) {
+        if !bin.is_file() {
+            bail!("KVB_BINARY names {}, which is not a file", bin.display());
+        }
+        return Ok(bin);
+    }
     run(&mut kvb_cargo("build"))?;
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)

@@ -789,19 +789,26 @@ impl StreamState {
         for piece in pieces {
             let e = match piece {
                 StreamPiece::Text(text) => self.chunk(index, Some(text), false, None, token),
-                call => self.call_chunk(index, call),
+                StreamPiece::CallStart { index: call, name } => {
+                    self.call_chunk(index, call, Some(name), String::new())
+                }
+                StreamPiece::Arguments { index: call, text } => {
+                    self.call_chunk(index, call, None, text)
+                }
             };
             self.pending.push_back(e);
         }
     }
 
-    /// A chat chunk with a piece of one of copy `index`'s calls.
-    fn call_chunk(&self, index: usize, piece: StreamPiece) -> SseEvent {
-        let (call, name, arguments) = match piece {
-            StreamPiece::CallStart { index, name } => (index, Some(name), String::new()),
-            StreamPiece::Arguments { index, text } => (index, None, text),
-            StreamPiece::Text(_) => unreachable!("text goes out in a content chunk"),
-        };
+    /// A chat chunk with a piece of copy `index`'s call `call`: its first (with the function's
+    /// `name`) or more of its `arguments`.
+    fn call_chunk(
+        &self,
+        index: usize,
+        call: usize,
+        name: Option<String>,
+        arguments: String,
+    ) -> SseEvent {
         let delta = ToolCallDelta {
             index: call as u32,
             id: name.as_ref().map(|_| self.app.new_id("call")),
