@@ -424,10 +424,11 @@ impl Tools {
         if !self.offers(&name) {
             return None;
         }
+        // Valid JSON with no space around it: its first byte tells an object from a string.
         let raw = keys.iter().find_map(|k| fields.get(*k))?.get();
-        let arguments = match serde_json::from_str::<Value>(raw).ok()? {
-            Value::String(s) => s,
-            Value::Object(_) => raw.to_string(),
+        let arguments = match raw.as_bytes().first() {
+            Some(b'{') => raw.to_string(),
+            Some(b'"') => serde_json::from_str::<String>(raw).ok()?,
             _ => return None,
         };
         Some(ParsedCall { name, arguments })
@@ -520,6 +521,12 @@ mod tests {
                 },
             ]
         );
+        // Arguments written as a JSON string are that string; any other value is no call.
+        let quoted =
+            "<tool_call>\n{\"name\": \"add\", \"arguments\": \"{\\\"x\\\": 1}\"}\n</tool_call>";
+        assert_eq!(t.parse(quoted).unwrap().1[0].arguments, r#"{"x": 1}"#);
+        let number = "<tool_call>\n{\"name\": \"add\", \"arguments\": 5}\n</tool_call>";
+        assert_eq!(t.parse(number), None);
         assert_eq!(t.parse("no calls here"), None);
         assert_eq!(
             t.parse(&call_text("unknown", "{}")),
