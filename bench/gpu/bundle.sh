@@ -17,10 +17,12 @@ D=.device
 mkdir -p $D/stage/llama/bin $D/stage/llama/lib
 newest() { ls -t $T/deps/$1-* | grep -v '\.d$' | head -1; }
 cp $T/kvb $D/stage/kvb
-# KVB_ALT: a second kvb to compare (device_run.sh's step alt), e.g. one built against a patched CubeCL.
-[ -n "${KVB_ALT:-}" ] && cp "$KVB_ALT" $D/stage/kvb-st && strip --strip-debug $D/stage/kvb-st
-cp "$(newest cube_matches_naive)" $D/stage/cube_matches_naive
-cp "$(newest gpu_attention)" $D/stage/gpu_attention
+# KVB_ALT: a second kvb to compare (device_run.sh's step alt), e.g. one built before a change.
+[ -n "${KVB_ALT:-}" ] && cp "$KVB_ALT" $D/stage/kvb-alt && strip --strip-debug $D/stage/kvb-alt
+# The CUDA attention suite and benchmark, when built (see above).
+for t in cube_matches_naive gpu_attention; do
+  ls $T/deps/$t-* >/dev/null 2>&1 && cp "$(newest $t)" $D/stage/$t
+done
 # kvb-model's products at decode shapes, when built (cargo bench --workspace --features
 # "$FEATURES" --bench gpu_linear --no-run: the workspace's features, so no second burn build).
 ls $T/deps/gpu_linear-* >/dev/null 2>&1 && cp "$(newest gpu_linear)" $D/stage/gpu_linear

@@ -13,7 +13,7 @@ R=$OUT/results
 mkdir -p "$R"
 exec > >(tee "$OUT/run.log") 2>&1
 # STEPS picks the steps (default: all but diag, linear, layouts and profile): tests attn
-# linear ncu models llama kvb long batch alt extra diag layouts profile host stacks decode launches. ATTN_RUNS (default "f16:auto f16:vector bf16:auto") the attention benchmarks, SKIP_SDPA=1 skips
+# linear ncu models llama kvb long batch alt extra diag layouts profile host stacks decode launches kernels. ATTN_RUNS (default "f16:auto f16:vector bf16:auto") the attention benchmarks, SKIP_SDPA=1 skips
 # PyTorch's; BUDGET (seconds, default 540) stops starting kvb runs near the end.
 STEPS=" ${STEPS:-tests attn models llama kvb extra launches} "
 want() { [[ $STEPS == *" $1 "* ]]; }
@@ -24,6 +24,8 @@ t0=$(date +%s)
 left() { echo $((${BUDGET:-540} - ($(date +%s) - t0))); }
 
 step bundle
+# KVB_ARGMAX=split runs kvb's argmax kernel on CUDA too (its default there is burn's until checked).
+echo "KVB_ARGMAX=${KVB_ARGMAX:-}"
 (cd "$B" && tar xJf bundle.tar.xz) || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
 lscpu | grep -E '^Model name|^CPU\(s\)'
@@ -43,7 +45,9 @@ fi
 step "kvb-model's kernels vs the reference ops (CUDA f32, f16, bf16)"
 for t in ${TESTS:-cube_ops device_sampling}; do
   [ $t = cube_matches_naive ] && continue
-  [ -x "$B/$t" ] && timeout 120 "$B/$t" --ignored cuda 2>&1 | grep -E '^test |test result|panicked|Test failed|minimal failing' | tail -24
+  # FILTER_<suite> narrows a suite to the tests whose names hold it (default: cuda).
+  filter=FILTER_$t
+  [ -x "$B/$t" ] && timeout 120 "$B/$t" --ignored "${!filter:-cuda}" 2>&1 | grep -E '^test |test result|panicked|Test failed|minimal failing' | tail -24
 done
 fi
 
@@ -79,7 +83,7 @@ for skip in 132 176; do
 done
 fi
 
-want models || want batch || want long || want alt || want stacks || want kvb || want layouts || want profile || want host || want decode || want llama || want diag || want launches || { step done; exit 0; }
+want models || want batch || want long || want alt || want stacks || want kvb || want layouts || want profile || want host || want decode || want llama || want diag || want launches || want kernels || { step done; exit 0; }
 step "models (random weights, real shapes)"
 M=/tmp/shapes
 mkdir -p $M
@@ -94,7 +98,7 @@ else
 fi
 timeout 60 python3 xtask/shapes/make_shape.py --shape smollm2-135m --quant "$Q1" \
   --tokenizer-from "$B/smollm2-tokenizer.gguf" --out $M "${QUANT[@]}" 2>&1 | tail -2
-want llama || want batch || want long || want alt || want stacks || want kvb || want layouts || want profile || want host || want decode && timeout 150 python3 xtask/shapes/make_shape.py --shape llama3.2-1b --quant "$Q2" \
+want llama || want batch || want long || want alt || want stacks || want kvb || want layouts || want profile || want host || want decode || want kernels && timeout 150 python3 xtask/shapes/make_shape.py --shape llama3.2-1b --quant "$Q2" \
   --tokenizer-from "$B/smollm2-tokenizer.gguf" --out $M "${QUANT[@]}" 2>&1 | tail -2
 ls -la $M
 
@@ -209,7 +213,7 @@ if want batch; then
 step "kvb CUDA, the larger shape: 1 and 16 sequences decoding together (128 tokens, two rounds)"
 BIG=${MODELS##* }
 QB=bench/results/2026-11-27-gpu-decode
-for bin in ${BATCH_BINS:-kvb}; do
+for bin in ${BATCH_BINS:-kvb}; do  # kvb-alt: the bundle's second kvb
   [ -x "$B/$bin" ] || continue
   for c in 1 16; do KVB_BIN=$B/$bin Q=$QB replay $BIG $bin-batch$c f16 requests-batch-$c.jsonl; done
   python3 - $R/$BIG-$bin-batch1.jsonl $R/$BIG-$bin-batch16.jsonl <<'EOF2'
@@ -223,9 +227,36 @@ print(f"second round: 1 sequence {one:.1f} tok/s; {n16} sequences {each:.1f} eac
 EOF2
 done
 fi
-if want alt && [ -x "$B/kvb-st" ]; then
-step "kvb-st (CubeCL's device tasks on the caller's thread, no runner thread): decode after 4,085 tokens"
-for m in $MODELS; do KVB_BIN=$B/kvb-st replay $m st-f16-4096 f16 requests-4096.jsonl --mode baseline; done
+if want alt && [ -x "$B/kvb-alt" ]; then
+step "kvb-alt (the bundle's second kvb): decode after 4,085 tokens, and its tokens beside kvb's"
+for m in $MODELS; do
+  KVB_BIN=$B/kvb-alt replay $m alt-f16-4096 f16 requests-4096.jsonl --mode baseline
+  [ -f $R/$m-f16-4096.jsonl ] && python3 - $R/$m-f16-4096.jsonl $R/$m-alt-f16-4096.jsonl <<'EOF3'
+import json, sys
+kvb, alt = ([json.loads(l) for l in open(p)] for p in sys.argv[1:])
+same = sum(a.get("token_ids") == b.get("token_ids") for a, b in zip(kvb, alt))
+print(f"  token ids equal in {same} of {len(kvb)} requests (kvb, kvb-alt)")
+EOF3
+done
+fi
+if want kernels; then
+step "device time of each kernel over decode steps of the 1B shape (Nsight Compute), and GPU use"
+BIG=${MODELS##* }
+# NCU_SKIP passes loading, the prefill and the first steps; NCU_COUNT launches are timed (a
+# 1B-shape decode step is ~180).
+timeout 150 /usr/local/cuda/bin/ncu --metrics gpu__time_duration.sum --csv \
+  --launch-skip ${NCU_SKIP:-3000} --launch-count ${NCU_COUNT:-360} "$B/kvb" generate \
+  --model $M/$BIG.gguf --backend cuda --dtype f16 --prompt "The history of the city" \
+  --max-new-tokens 40 > $R/ncu-$BIG.csv 2> $R/ncu-$BIG.stderr
+tail -2 $R/ncu-$BIG.stderr
+python3 bench/gpu/ncu_summary.py $R/ncu-$BIG.csv | tee $R/ncu-$BIG.md | head -40
+nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 100 > $R/gpu-use.txt &
+SMI=$!
+timeout 60 "$B/kvb" generate --model $M/$BIG.gguf --backend cuda --dtype f16 \
+  --prompt "The history of the city" --max-new-tokens 1500 > /dev/null 2> $R/gpu-use.stderr
+kill $SMI
+python3 -c "import statistics,sys; u=[int(l) for l in open(sys.argv[1]) if l.strip().isdigit()]; \
+b=[x for x in u if x>0]; print(f'GPU use while decoding: {len(u)} samples, median of the busy ones {statistics.median(b) if b else 0}%, deciles {statistics.quantiles(b, n=10) if len(b)>1 else b}')" $R/gpu-use.txt
 fi
 if want extra; then
 step "kvb CUDA, the default shape: without tensor cores, and f32"

@@ -119,8 +119,9 @@ fn a_decode_step_launches_what_kvb_counts_within_the_targets() {
         kvb, cubecl,
         "kvb counted {kvb} launches for 6 decode steps, CubeCL ran {cubecl}"
     );
-    // The embedding lookup, the final norm, the LM head and the argmax are outside the layers.
-    let per_layer = (long.launches - 4.0) / LAYERS;
+    // The embedding lookup, the final norm, the LM head and the argmax's two are outside the
+    // layers.
+    let per_layer = (long.launches - 5.0) / LAYERS;
     assert!(
         per_layer <= 12.0,
         "{per_layer} launches per layer ({} a step)",

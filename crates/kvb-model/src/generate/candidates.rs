@@ -4,7 +4,7 @@
 //! [`super::Sampler::sample`] would among all the logits).
 
 use crate::error::{ModelError, Result};
-use burn::tensor::backend::Backend;
+use crate::ModelBackend;
 use burn::tensor::{DType, FloatDType, Tensor};
 
 /// Candidates of a top-k row chosen on the device, whatever its `k` (at most this): one size,
@@ -50,7 +50,7 @@ impl Candidates {
 /// The `k` best tokens of each row of `logits` (`[rows, vocab]`), reduced on `logits`' device
 /// and read back in one copy: the argmax alone for `k = 1`, else the top `k` ids with their
 /// logits (`k` is cut to the vocabulary).
-pub fn top_candidates<B: Backend>(logits: Tensor<B, 2>, k: usize) -> Result<Candidates> {
+pub fn top_candidates<B: ModelBackend>(logits: Tensor<B, 2>, k: usize) -> Result<Candidates> {
     let [rows, vocab] = logits.dims();
     if vocab == 0 || k == 0 {
         return Err(ModelError::Forward(format!(
@@ -66,8 +66,7 @@ pub fn top_candidates<B: Backend>(logits: Tensor<B, 2>, k: usize) -> Result<Cand
         });
     }
     if k == 1 {
-        kvb_attn::host_work::launched(1);
-        let ids = logits.argmax(1);
+        let ids = B::argmax_rows(logits);
         return Ok(Candidates {
             k,
             ids: crate::host_ids::to_host_ids(ids)?,

@@ -8,7 +8,7 @@ use crate::config::Activation;
 use crate::packed::PackedMatrix;
 use crate::rope::RopeTables;
 use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{Int, Tensor, TensorData};
 use kvb_attn::AttentionBackend;
 
 /// A burn backend the model can run on (attention included, see [`AttentionBackend`]).
@@ -24,6 +24,13 @@ pub trait ModelBackend: AttentionBackend {
     /// bus and are each a wait. Here (the CPU's memory) no.
     fn samples_on_device() -> bool {
         false
+    }
+
+    /// The index of each row's largest value, `[rows, 1]` (the lowest index wins a tie): a
+    /// greedy step's tokens, chosen where [`ModelBackend::samples_on_device`]. Here burn's.
+    fn argmax_rows(logits: Tensor<Self, 2>) -> Tensor<Self, 2, Int> {
+        kvb_attn::host_work::launched(1);
+        logits.argmax(1)
     }
 
     /// Whether dense projection weights are held `[out, in]` (PyTorch's layout) and multiplied

@@ -1,6 +1,7 @@
 //! The CubeCL backends' overrides of [`ModelBackend`] (wgpu, CUDA): RMSNorm (with the residual add
 //! before it), the head split with RoPE, and the gated activation, each one kernel launch instead
-//! of a chain of burn ops, and a decode step's projections in a kernel that launches as cheaply.
+//! of a chain of burn ops, a decode step's projections in a kernel that launches as cheaply, and
+//! a greedy step's argmax split across the device.
 //!
 //! A decode step on a GPU is bound by the host, not the device: each burn op is a launch (a
 //! round of host work: binding, caching, queueing), and burn 0.21 without its `fusion` feature
@@ -15,6 +16,7 @@
 //! `KVB_OPS=reference` in the environment (read once per process) runs the reference ops
 //! instead, to compare, or to work around a driver that miscompiles a kernel.
 
+mod argmax;
 mod gated;
 mod projection;
 mod rms_norm;
@@ -25,7 +27,7 @@ pub use projection::MAX_ROWS as PROJECTION_KERNEL_ROWS;
 use super::backend_ops::{self, ModelBackend};
 use crate::config::Activation;
 use crate::rope::RopeTables;
-use burn::tensor::{Tensor, TensorPrimitive};
+use burn::tensor::{Int, Tensor, TensorPrimitive};
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 
@@ -88,6 +90,16 @@ where
 
     fn samples_on_device() -> bool {
         true
+    }
+
+    fn argmax_rows(logits: Tensor<Self, 2>) -> Tensor<Self, 2, Int> {
+        let c = cube(logits.clone());
+        if !kernels_chosen() || !argmax::fits(&c) {
+            kvb_attn::host_work::launched(1);
+            return logits.argmax(1);
+        }
+        kvb_attn::host_work::launched(2);
+        Tensor::from_primitive(argmax::launch(c, I::dtype()))
     }
 
     /// A decode step's products (up to [`projection::MAX_ROWS`] rows) in kvb's own kernel;
