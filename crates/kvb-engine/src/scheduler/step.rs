@@ -1,7 +1,9 @@
 //! One scheduler step: a ragged batch over every running sequence, one forward pass, then
 //! sampling, streaming, indexing, finishing.
 
-use super::policy::{plan_step, preemption_victim, Budgets, Pending, SeqView, Slice, StepPlan};
+use super::policy::{
+    plan_step, preemption_victims, Budgets, Holder, Pending, SeqView, Slice, StepPlan,
+};
 use super::Scheduler;
 use crate::config::GenerationMode;
 use crate::request::Event;
@@ -381,37 +383,71 @@ impl<B: ModelBackend> Scheduler<B> {
         }
     }
 
-    /// Gives every decoding sequence the block its next token needs, preempting the newest
-    /// sequences (theirs freed, they wait to be admitted again) when none can be had.
+    /// Gives every decoding sequence the block its next token needs, first preempting the
+    /// sequences [`preemption_victims`] names (their blocks freed, they wait to be admitted
+    /// again). Should the pool give fewer blocks than it counted, the rule runs again with no
+    /// room assumed, so at least one more sequence goes.
     fn make_room_for_decoding(&mut self) {
+        let mut short = false;
+        loop {
+            let bs = self.blocks.block_size();
+            let views: Vec<Holder> = self
+                .running
+                .iter()
+                .map(|s| Holder {
+                    order: s.order,
+                    needs_block: needs_block(s, bs),
+                    blocks: &s.table,
+                })
+                .collect();
+            let available = if short { 0 } else { self.blocks.available() };
+            // A block's references are its tables' and, once indexed, the tree's.
+            let tables = |b| {
+                let tree = self.blocks.allocator().is_in_tree(b);
+                self.blocks.refcount(b) - u32::from(tree)
+            };
+            let victims = preemption_victims(&views, available, tables);
+            self.preempt(&victims);
+            short = !self.give_decoders_blocks();
+            if !short {
+                return;
+            }
+        }
+    }
+
+    /// Preempts the running sequences at `victims` (indices, newest first): indexes and frees
+    /// their blocks and puts them at the front of the queue, the oldest first.
+    fn preempt(&mut self, victims: &[usize]) {
+        let mut by_index: Vec<usize> = victims.to_vec();
+        by_index.sort_unstable_by(|a, b| b.cmp(a));
+        let mut taken: std::collections::HashMap<usize, Sequence> = by_index
+            .into_iter()
+            .map(|i| (i, self.running.remove(i)))
+            .collect();
+        for i in victims {
+            let mut victim = taken.remove(i).expect("each victim once");
+            self.index_blocks(&mut victim, false);
+            self.blocks.release(&victim.table);
+            victim.reset_for_readmission();
+            self.preemptions += 1;
+            self.waiting.push_front(victim);
+        }
+    }
+
+    /// Allocates the next block of every decoding sequence whose table is full; false when the
+    /// pool runs out first.
+    fn give_decoders_blocks(&mut self) -> bool {
         let bs = self.blocks.block_size();
-        let mut i = 0;
-        while i < self.running.len() {
-            let s = &self.running[i];
-            if !(s.decoding() && s.filled / bs >= s.table.len()) {
-                i += 1;
+        for i in 0..self.running.len() {
+            if !needs_block(&self.running[i], bs) {
                 continue;
             }
             match self.allocate(1) {
-                Some(b) => {
-                    self.running[i].table.extend(b);
-                    i += 1;
-                }
-                None => {
-                    let orders: Vec<u64> = self.running.iter().map(|s| s.order).collect();
-                    let newest = preemption_victim(&orders).expect("a sequence runs");
-                    let mut victim = self.running.remove(newest);
-                    self.index_blocks(&mut victim, false);
-                    self.blocks.release(&victim.table);
-                    victim.reset_for_readmission();
-                    self.preemptions += 1;
-                    self.waiting.push_front(victim);
-                    if newest < i {
-                        i -= 1;
-                    }
-                }
+                Some(b) => self.running[i].table.extend(b),
+                None => return false,
             }
         }
+        true
     }
 
     /// Indexes the sequence's final full blocks in the radix tree (and with `finish`, its last
@@ -555,4 +591,9 @@ fn view(s: &Sequence) -> SeqView {
             })
             .collect(),
     }
+}
+
+/// Whether a decoding sequence's table is full: its next token needs a fresh block.
+fn needs_block(s: &Sequence, block_size: usize) -> bool {
+    s.decoding() && s.filled / block_size >= s.table.len()
 }

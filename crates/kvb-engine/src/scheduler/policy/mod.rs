@@ -1,11 +1,13 @@
 //! The scheduling policy as data: what a step runs, decided from a view of the running
 //! sequences alone (no model, no pool), as a [`StepPlan`] that `step.rs` carries out. Which
-//! sequence a full pool preempts is decided here too, and whether a waiting request starts
-//! ([`admission`]).
+//! sequences a full pool preempts is decided here too ([`preemption_victims`]), and whether a
+//! waiting request starts ([`admission`]).
 
 mod admission;
+mod preemption;
 
 pub(crate) use admission::{admission, waits_for_prefill, Admission, Candidate, PrefillView, Room};
+pub(crate) use preemption::{preemption_victims, Holder};
 
 /// A piece of a sequence's prefill work, as the policy sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,12 +141,6 @@ pub(crate) fn plan_step(running: &[SeqView], budgets: Budgets, backlog: bool) ->
         }
     }
     StepPlan { slices }
-}
-
-/// Which of the running sequences (their admission `orders`) a full pool preempts: the
-/// newest, so the oldest keep going and finish. `None` when none runs.
-pub(crate) fn preemption_victim(orders: &[u64]) -> Option<usize> {
-    (0..orders.len()).max_by_key(|&i| orders[i])
 }
 
 #[cfg(test)]
@@ -329,15 +325,6 @@ mod tests {
                     prop_assert!(next > left, "seq {i}: {rows} of {next} with {left} left");
                 }
                 left -= rows;
-            }
-        }
-
-        /// A full pool preempts the newest running sequence.
-        #[test]
-        fn preemption_takes_the_newest(orders in proptest::collection::vec(any::<u64>(), 0..10)) {
-            match preemption_victim(&orders) {
-                None => prop_assert!(orders.is_empty()),
-                Some(v) => prop_assert!(orders.iter().all(|&o| o <= orders[v])),
             }
         }
     }
