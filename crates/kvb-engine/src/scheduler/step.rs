@@ -404,7 +404,7 @@ impl<B: ModelBackend> Scheduler<B> {
             // A block's references are its tables' and, once indexed, the tree's.
             let tables = |b| {
                 let tree = self.blocks.allocator().is_in_tree(b);
-                self.blocks.refcount(b) - u32::from(tree)
+                self.blocks.refcount(b).saturating_sub(u32::from(tree))
             };
             let victims = preemption_victims(&views, available, tables);
             self.preempt(&victims);
@@ -418,14 +418,10 @@ impl<B: ModelBackend> Scheduler<B> {
     /// Preempts the running sequences at `victims` (indices, newest first): indexes and frees
     /// their blocks and puts them at the front of the queue, the oldest first.
     fn preempt(&mut self, victims: &[usize]) {
-        let mut by_index: Vec<usize> = victims.to_vec();
-        by_index.sort_unstable_by(|a, b| b.cmp(a));
-        let mut taken: std::collections::HashMap<usize, Sequence> = by_index
-            .into_iter()
-            .map(|i| (i, self.running.remove(i)))
-            .collect();
-        for i in victims {
-            let mut victim = taken.remove(i).expect("each victim once");
+        for (k, &v) in victims.iter().enumerate() {
+            // Where `v` stands once the victims before it have left.
+            let shift = victims[..k].iter().filter(|&&p| p < v).count();
+            let mut victim = self.running.remove(v - shift);
             self.index_blocks(&mut victim, false);
             self.blocks.release(&victim.table);
             victim.reset_for_readmission();

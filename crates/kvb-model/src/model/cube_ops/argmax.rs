@@ -129,22 +129,18 @@ fn units_per_cube<R: CubeRuntime>(t: &CubeTensor<R>) -> usize {
             .ilog2()
 }
 
-/// Whether [`launch`] takes `logits` `[rows, vocab]`: some of each, rows within one axis of
-/// cubes, and a runtime it is chosen on ([`chosen`]).
+/// Whether [`launch`] takes `logits` `[rows, vocab]`: some of each, and rows within one axis of
+/// cubes.
 pub(super) fn fits<R: CubeRuntime>(logits: &CubeTensor<R>) -> bool {
     let [rows, vocab] = [logits.meta.shape[0], logits.meta.shape[1]];
-    rows > 0
-        && vocab > 0
-        && rows <= super::MAX_CUBES_PER_AXIS
-        && vocab < NONE as usize
-        && chosen(R::name(&logits.client))
+    rows > 0 && vocab > 0 && rows <= super::MAX_CUBES_PER_AXIS && vocab < NONE as usize
 }
 
 /// Whether the kernel runs on the runtime named `runtime`. `KVB_ARGMAX=split` runs it and
 /// `KVB_ARGMAX=burn` runs burn's argmax everywhere. Unset, it runs where it has been checked:
 /// wgpu (CI's lavapipe), not yet CUDA. Its first version read past its shared memory there; the
 /// fixed one has not run on a GPU yet.
-fn chosen(runtime: &str) -> bool {
+pub(super) fn chosen(runtime: &str) -> bool {
     static CHOICE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
     let forced = *CHOICE.get_or_init(|| match std::env::var("KVB_ARGMAX").as_deref() {
         Ok("split") => Some(true),

@@ -3,9 +3,10 @@
 //! of a chain of burn ops, a decode step's projections in a kernel that launches as cheaply, and
 //! a greedy step's argmax split across the device.
 //!
-//! A decode step on a GPU is bound by the host, not the device: each burn op is a launch (a
+//! With burn's ops a decode step on a GPU was bound by the host: each burn op is a launch (a
 //! round of host work: binding, caching, queueing), and burn 0.21 without its `fusion` feature
-//! fuses none of them. RMSNorm was seven launches (square, mean, add, sqrt, recip, two
+//! fuses none of them. With these kernels an H200's step is bound by the device, and by its
+//! slowest kernels (`bench/results/2026-11-27-gpu-step-time`). RMSNorm was seven launches (square, mean, add, sqrt, recip, two
 //! multiplies), the split with RoPE about twelve (contiguous copies of each head group, the
 //! half swap's concatenation, two multiplies and an add for q and for k), the gated activation
 //! three or four: about 30 launches per layer, 900 per forward pass of a 30-layer model, where
@@ -94,7 +95,7 @@ where
 
     fn argmax_rows(logits: Tensor<Self, 2>) -> Tensor<Self, 2, Int> {
         let c = cube(logits.clone());
-        if !kernels_chosen() || !argmax::fits(&c) {
+        if !kernels_chosen() || !argmax::chosen(R::name(&c.client)) || !argmax::fits(&c) {
             kvb_attn::host_work::launched(1);
             return logits.argmax(1);
         }
