@@ -19,6 +19,10 @@ pub trait ModelBackend: AttentionBackend {
         f()
     }
 
+    /// Gives the pages of freed host tensors back to the system after a pass over many rows.
+    /// Here nothing: a device backend's tensors are not in the host's heap.
+    fn release_freed_memory() {}
+
     /// Whether a decode step should choose its tokens on the device
     /// ([`crate::generate::top_candidates`]) rather than read the logits: where reads cross a
     /// bus and are each a wait. Here (the CPU's memory) no.

@@ -60,6 +60,17 @@ impl ModelBackend for NdArray<f32> {
         r
     }
 
+    /// A 512-row pass of a 1B model frees ~150 MB of tensors a layer; glibc keeps such pages in
+    /// its arenas, scattered by fragmentation, so peak RSS grew with the prompt. Trimming once a
+    /// pass costs about what re-faulting them does (`bench/results/2026-11-27-peak-rss/`).
+    fn release_freed_memory() {
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        // SAFETY: malloc_trim only returns free pages; it touches no live allocation.
+        unsafe {
+            libc::malloc_trim(0);
+        }
+    }
+
     /// One pass per row instead of six tensor ops (square, mean, add, sqrt, recip, two muls),
     /// each allocating an `[n, h]` tensor. Sums in f32, as transformers does.
     fn rms_norm(x: Tensor<Self, 2>, weight: Tensor<Self, 2>, eps: f64) -> Tensor<Self, 2> {

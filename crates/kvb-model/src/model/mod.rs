@@ -391,7 +391,7 @@ impl<B: ModelBackend> Model<B> {
         logits: LogitsFor,
     ) -> Result<Tensor<B, 2>> {
         self.check_inputs(batch.tokens, batch.positions)?;
-        B::on_compute_threads(|| {
+        let out = B::on_compute_threads(|| {
             let layout = batch.layout(pool)?;
             let rope: RopeTables<B> = self.rope.tables(batch.positions, &self.device);
             let mut x = Residual::new(self.embed(batch.tokens)?);
@@ -399,7 +399,9 @@ impl<B: ModelBackend> Model<B> {
                 x = self.block(layer, x, &rope, &layout, pool)?;
             }
             self.logits(x, logits)
-        })
+        });
+        released_after::<B>(batch.tokens.len());
+        out
     }
 
     /// Runs a batch through layers `0..layer` (writing their K/V) and returns the keys layer
@@ -417,7 +419,7 @@ impl<B: ModelBackend> Model<B> {
                 self.config.num_layers
             )));
         }
-        B::on_compute_threads(|| {
+        let out = B::on_compute_threads(|| {
             let layout = batch.layout(pool)?;
             let rope: RopeTables<B> = self.rope.tables(batch.positions, &self.device);
             let mut x = Residual::new(self.embed(batch.tokens)?);
@@ -425,7 +427,9 @@ impl<B: ModelBackend> Model<B> {
                 x = self.block(l, x, &rope, &layout, pool)?;
             }
             Ok(self.qkv(layer, x, &rope)?.1 .1)
-        })
+        });
+        released_after::<B>(batch.tokens.len());
+        out
     }
 
     fn check_inputs(&self, tokens: &[u32], positions: &[usize]) -> Result<()> {
@@ -621,6 +625,17 @@ impl<B: ModelBackend> Residual<B> {
 }
 
 /// Recompute slots: one per token, increasing, below the cache's length.
+/// A pass of at least this many rows (a prefill slice, not a decode step of a few sequences)
+/// frees enough tensors to be worth handing their pages back: a decode step would only fault
+/// its next step's buffers in again.
+const ROWS_WORTH_RELEASING: usize = 64;
+
+fn released_after<B: ModelBackend>(rows: usize) {
+    if rows >= ROWS_WORTH_RELEASING {
+        B::release_freed_memory();
+    }
+}
+
 fn check_slots_below(tokens: &[u32], slots: &[usize], len: usize) -> Result<()> {
     if slots.len() != tokens.len() {
         return Err(ModelError::Forward(format!(
