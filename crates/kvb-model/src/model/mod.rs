@@ -624,7 +624,6 @@ impl<B: ModelBackend> Residual<B> {
     }
 }
 
-/// Recompute slots: one per token, increasing, below the cache's length.
 /// A pass of at least this many rows (a prefill slice, not a decode step of a few sequences)
 /// frees enough tensors to be worth handing their pages back: a decode step would only fault
 /// its next step's buffers in again.
@@ -636,6 +635,7 @@ fn released_after<B: ModelBackend>(rows: usize) {
     }
 }
 
+/// Recompute slots: one per token, increasing, below the cache's length.
 fn check_slots_below(tokens: &[u32], slots: &[usize], len: usize) -> Result<()> {
     if slots.len() != tokens.len() {
         return Err(ModelError::Forward(format!(
