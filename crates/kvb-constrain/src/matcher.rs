@@ -77,8 +77,9 @@ impl TokenMatcher {
             return Ok(ended || self.accepting());
         }
         let trie = self.env.tok_trie();
-        // Ids without bytes (padding) and control tokens are never in a mask but an EOS.
-        if self.matcher.is_stopped() || trie.token_len(token) == 0 || trie.is_special_token(token) {
+        // Ids without bytes (padding) are never in a mask but an EOS; a control token is only
+        // where the grammar names it (`<[id]>`), which the grammar's own check tells.
+        if self.matcher.is_stopped() || trie.token_len(token) == 0 {
             return Ok(false);
         }
         let valid = self

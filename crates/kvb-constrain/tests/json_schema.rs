@@ -250,3 +250,27 @@ fn regex_and_lark_grammars_constrain_too() {
     let text = tok.decode(&walk(&mut m, 3, 0), false).unwrap();
     assert!(text == "ab" || text == "ac", "{text}");
 }
+
+/// A Lark grammar names a control token by its id (`<[id]>`, as Mistral's `[TOOL_CALLS]` is
+/// named): that token opens the call, and text cannot spell it.
+#[test]
+fn a_lark_grammar_names_a_control_token_by_id() {
+    let (vocab, tok) = vocabulary();
+    let bos = tok.token_to_id("<s>").unwrap();
+    let grammar = Grammar::Lark(format!(
+        "start: TEXT | <[{bos}]> \" [\" \"a\" \"]\"\nTEXT: /[^\\[]+/\n"
+    ));
+    let mut m = vocab.matcher(&grammar).unwrap();
+    let bracket = tok.encode("[", false).unwrap().get_ids()[0];
+    assert!(m.allows(bos).unwrap());
+    assert!(!m.allows(bracket).unwrap(), "text cannot start the call");
+    m.accept(bos).unwrap();
+    let call = tok.decode(&walk(&mut m, 1, 0), false).unwrap();
+    assert_eq!(call.trim_start(), "[a]");
+    for seed in 0..10 {
+        let mut m = vocab.matcher(&grammar).unwrap();
+        let ids = walk(&mut m, seed, 3);
+        let text = tok.decode(&ids, false).unwrap();
+        assert!(!ids.contains(&bos) && !text.contains('['), "{text}");
+    }
+}

@@ -181,6 +181,17 @@ const JSON_CALLS: &str = r#"{% for m in messages %}<|start_header_id|>{{ m.role 
 
 {% endif %}"#;
 
+/// A template in the shape of Mistral's (v3): the tools before the first user turn, the
+/// answer `[TOOL_CALLS]` and a list of calls; call ids of nine characters, as Mistral's own
+/// templates demand.
+const MISTRAL: &str = r#"{%- for m in messages %}
+{%- if m.role == 'user' %}{% if tools and loop.first %}[AVAILABLE_TOOLS] {{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}[INST] {{ m.content }}[/INST]
+{%- elif m.role == 'tool' %}[TOOL_RESULTS] {"content": {{ m.content | tojson }}, "call_id": "{{ m.tool_call_id }}"}[/TOOL_RESULTS]
+{%- elif m.tool_calls %}[TOOL_CALLS] [{% for c in m.tool_calls %}{% if c.id | length != 9 %}{{ raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}{% endif %}{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}, "id": "{{ c.id }}"}{% if not loop.last %}, {% endif %}{% endfor %}]{{ eos_token }}
+{%- else %} {{ m.content }}{{ eos_token }}
+{%- endif %}
+{%- endfor %}"#;
+
 /// `kvb serve` on the default model with the chat template `template` (and the folder
 /// holding its file).
 fn server_with_template(template: &str) -> (tempfile::TempDir, Server) {
@@ -206,32 +217,8 @@ fn forced_calls_fit_their_functions_streamed_or_whole() {
 /// and forced calls fit their functions, streamed or whole.
 #[test]
 fn a_template_with_a_tools_section_writes_tools_and_calls() {
-    let history = json!([
-        {"role": "user", "content": "What is the weather in Paris?"},
-        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
-            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees"}
-    ]);
-    let prompt = |s: &Server| {
-        let ids = client()
-            .post(s.url("/tokenize"))
-            .json(&json!({"messages": history, "tools": tools()}))
-            .send()
-            .unwrap()
-            .json::<Value>()
-            .unwrap()["tokens"]
-            .clone();
-        client()
-            .post(s.url("/detokenize"))
-            .json(&json!({"tokens": ids}))
-            .send()
-            .unwrap()
-            .json::<Value>()
-            .unwrap()["prompt"]
-            .as_str()
-            .unwrap()
-            .to_string()
-    };
+    let history = weather_history();
+    let prompt = |s: &Server| rendered(s, &history);
     let (_d, tagged) = server_with_template(TAGGED);
     let text = prompt(&tagged);
     assert!(
@@ -243,7 +230,7 @@ fn a_template_with_a_tools_section_writes_tools_and_calls() {
         "{text}"
     );
     forced_calls_fit(&tagged, 1);
-    auto_answers_fit(&tagged, 2);
+    auto_answers_fit(&tagged, 2, "<");
     drop(tagged);
     let (_d, json_calls) = server_with_template(JSON_CALLS);
     let text = prompt(&json_calls);
@@ -257,13 +244,71 @@ fn a_template_with_a_tools_section_writes_tools_and_calls() {
         "{text}"
     );
     forced_calls_fit(&json_calls, 1);
-    auto_answers_fit(&json_calls, 2);
+    auto_answers_fit(&json_calls, 2, "{");
     // The generic format, for comparison: kvb's description and tags in the messages.
     let text = prompt(&default_server());
     assert!(
         text.contains("Functions you can call") && text.contains("<tool_response>"),
         "{text}"
     );
+}
+
+/// The history of a call and its result.
+fn weather_history() -> Value {
+    json!([
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees"}
+    ])
+}
+
+/// The prompt `s` makes of `history` with [`tools`], as text.
+fn rendered(s: &Server, history: &Value) -> String {
+    let ids = client()
+        .post(s.url("/tokenize"))
+        .json(&json!({"messages": history, "tools": tools()}))
+        .send()
+        .unwrap()
+        .json::<Value>()
+        .unwrap()["tokens"]
+        .clone();
+    client()
+        .post(s.url("/detokenize"))
+        .json(&json!({"tokens": ids}))
+        .send()
+        .unwrap()
+        .json::<Value>()
+        .unwrap()["prompt"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// Mistral's format (v3): the template gets the tools, and the history's call ids as nine
+/// letters and digits (the same id in the call and in its result); answers are lists of
+/// calls that fit, streamed or whole.
+#[test]
+fn a_mistral_template_gets_its_ids_and_answers_in_lists() {
+    let (_d, s) = server_with_template(MISTRAL);
+    let text = rendered(&s, &weather_history());
+    let call =
+        "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Paris\"}, \"id\": \"";
+    let at = text.find(call).unwrap_or_else(|| panic!("{text}")) + call.len();
+    let id = &text[at..at + 9];
+    assert!(id.bytes().all(|b| b.is_ascii_alphanumeric()), "{text}");
+    assert!(
+        text.starts_with("[AVAILABLE_TOOLS] [{")
+            && text.contains("\"name\":\"get_weather\"")
+            && text[at + 9..].starts_with("\"}]")
+            && text.contains(&format!(
+                "[TOOL_RESULTS] {{\"content\": \"18 degrees\", \"call_id\": \"{id}\"}}[/TOOL_RESULTS]"
+            ))
+            && !text.contains("Functions you can call"),
+        "{text}"
+    );
+    forced_calls_fit(&s, 1);
+    auto_answers_fit(&s, 2, "[");
 }
 
 /// Forced calls (`required`, a named function) on `s` with `seeds` seeds: each fits its
@@ -300,16 +345,20 @@ fn forced_calls_fit(s: &Server, seeds: u64) {
 #[test]
 fn auto_answers_are_text_or_calls_that_fit() {
     let s = default_server();
-    assert!(auto_answers_fit(&s, 6) > 0, "some seed calls a function");
+    assert!(
+        auto_answers_fit(&s, 6, "<") > 0,
+        "some seed calls a function"
+    );
 }
 
 /// `auto` on `s` with `seeds` seeds: each answer is text, or calls that fit, streamed and
 /// whole alike. Returns how many answers made calls. A 135M model rarely opens a call on its
-/// own: `<` is made likelier (`logit_bias`), which also tempts it into tags that are no call.
-fn auto_answers_fit(s: &Server, seeds: u64) -> usize {
+/// own: `opening`, the format's first character of a call, is made likelier (`logit_bias`),
+/// which also tempts it into text that is no call.
+fn auto_answers_fit(s: &Server, seeds: u64, opening: &str) -> usize {
     let lt = client()
         .post(s.url("/tokenize"))
-        .json(&json!({"prompt": "<"}))
+        .json(&json!({"prompt": opening}))
         .send()
         .unwrap()
         .json::<Value>()

@@ -89,14 +89,14 @@ impl ToolStream {
     /// The content that can go out now, up to where a call may be starting.
     fn content(&mut self) -> String {
         let unsent = &self.text[self.sent..];
-        let (until, holding) = match self.format {
-            // A JSON call is the whole answer: held while the answer may still start one.
-            ToolFormat::Json => match (self.sent, unsent.trim_start()) {
+        let (until, holding) = match self.format.whole_answer_opening() {
+            // Calls that are the whole answer: held while the answer may still start them.
+            Some(opening) => match (self.sent, unsent.trim_start()) {
                 (0, "") => (0, false),
-                (0, t) if t.starts_with('{') => (0, true),
+                (0, t) if t.starts_with(opening) => (0, true),
                 _ => (unsent.len(), false),
             },
-            _ => match unsent.find(OPEN) {
+            None => match unsent.find(OPEN) {
                 Some(i) => (i, true),
                 // Hold back an end that may be the start of the tag.
                 None => (
@@ -479,6 +479,36 @@ mod tests {
         assert_eq!(content, " It is {sunny} today");
         assert!(calls.is_empty());
         assert_eq!(finished, Finished::Text(String::new()));
+    }
+
+    /// Mistral's format: a list of calls is the whole answer, its marker in the text or not
+    /// (a control token is not).
+    #[test]
+    fn a_mistral_list_streams_call_by_call() {
+        for marker in [None, Some(5)] {
+            let t = tools(Choice::Auto, ToolFormat::Mistral { marker });
+            let list = r#" [{"name": "add", "arguments": {"x": [1]}}, {"name": "get_weather", "arguments": {}}]"#;
+            let text = match marker {
+                Some(_) => list.to_string(),
+                None => format!("[TOOL_CALLS]{list}"),
+            };
+            let want = [
+                ("add".to_string(), r#"{"x": [1]}"#.to_string()),
+                ("get_weather".to_string(), "{}".to_string()),
+            ];
+            for size in 1..=text.len() {
+                let (content, calls, finished) = stream(&t, &text, size);
+                assert_eq!(
+                    (content.as_str(), &calls[..]),
+                    ("", &want[..]),
+                    "size {size}"
+                );
+                assert_eq!(finished, Finished::Calls(Vec::new()), "all sent in pieces");
+            }
+            let (content, calls, _) = stream(&t, "It is [sunny] today", 3);
+            assert_eq!(content, "It is [sunny] today");
+            assert!(calls.is_empty());
+        }
     }
 
     /// Every prefix of a call's opening may still become one; other shapes are told at once.

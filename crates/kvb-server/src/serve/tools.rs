@@ -1,7 +1,8 @@
 //! Tool calling. Where the model's chat template has a tools section that writes calls in a
 //! format read here, the template describes the tools and writes the history's calls and
 //! results ([`ToolFormat::Tagged`]: `<tool_call>` JSON lines, as Qwen2.5 and Hermes;
-//! [`ToolFormat::Json`]: the answer is one JSON call, as Llama 3.1). Otherwise kvb's generic
+//! [`ToolFormat::Json`]: the answer is one JSON call, as Llama 3.1; [`ToolFormat::Mistral`]:
+//! `[TOOL_CALLS]` and a JSON list of calls, as Mistral's v3 and Nemo). Otherwise kvb's generic
 //! format: the functions are described in a system message, each call is a JSON object
 //! `{"name": ..., "arguments": {...}}` between `<tool_call>` and `</tool_call>` lines (calls in
 //! the history are written the same way, tool results as `<tool_response>` user turns). A
@@ -18,6 +19,10 @@ use serde_json::{json, Value};
 
 pub(super) const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
+/// What opens Mistral's calls: a control token in its vocabulary.
+const MISTRAL_CALLS: &str = "[TOOL_CALLS]";
+/// Mistral's templates refuse a call id of another length.
+const MISTRAL_ID_LEN: usize = 9;
 
 /// How the model's chat template writes tools and calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,6 +33,11 @@ pub enum ToolFormat {
     Tagged,
     /// The template's tools section; a call is the whole answer, `{"name", "parameters"}`.
     Json,
+    /// The template's tools section; the answer is `[TOOL_CALLS]` and a JSON list of calls
+    /// `{"name", "arguments"}`. `marker` is that control token's id where the vocabulary has it
+    /// (the answer's text then lacks it, as it lacks every control token); without one, the
+    /// text itself.
+    Mistral { marker: Option<u32> },
 }
 
 impl ToolFormat {
@@ -41,6 +51,11 @@ impl ToolFormat {
             ToolFormat::Tagged
         } else if template.contains("<|start_header_id|>") && template.contains("parameters") {
             ToolFormat::Json
+        } else if template.contains(MISTRAL_CALLS) && !template.contains("[ARGS]") {
+            // `name[ARGS]{...}` calls (Mistral's v11 and later) are not read here.
+            ToolFormat::Mistral {
+                marker: special_token(tokenizer, MISTRAL_CALLS),
+            }
         } else {
             ToolFormat::Generic
         }
@@ -50,6 +65,47 @@ impl ToolFormat {
     pub fn native(self) -> bool {
         self != ToolFormat::Generic
     }
+
+    /// What an answer that is all calls starts with, where calls are the whole answer (no
+    /// text before them).
+    pub fn whole_answer_opening(self) -> Option<char> {
+        match self {
+            ToolFormat::Json => Some('{'),
+            ToolFormat::Mistral { .. } => Some('['),
+            ToolFormat::Generic | ToolFormat::Tagged => None,
+        }
+    }
+}
+
+/// The id of the special (control) token written `text`, if the vocabulary has one.
+fn special_token(tokenizer: &Tokenizer, text: &str) -> Option<u32> {
+    tokenizer
+        .inner()
+        .get_added_tokens_decoder()
+        .into_iter()
+        .find(|(_, t)| t.special && t.content == text)
+        .map(|(id, _)| id)
+}
+
+/// A call id as Mistral's templates take it: nine letters and digits, the same for the same
+/// id (the prompt of a conversation stays the same from turn to turn, so its blocks are reused).
+fn mistral_id(id: &str) -> String {
+    if id.len() == MISTRAL_ID_LEN && id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return id.to_string();
+    }
+    const DIGITS: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+    // FNV-1a: stable across builds and platforms, unlike std's hasher.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in id.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    (0..MISTRAL_ID_LEN)
+        .map(|_| {
+            let d = DIGITS[(h % DIGITS.len() as u64) as usize] as char;
+            h /= DIGITS.len() as u64;
+            d
+        })
+        .collect()
 }
 
 /// Which calls an answer may or must make.
@@ -257,18 +313,22 @@ pub fn history_message(
     format: ToolFormat,
 ) -> ChatMessage {
     if format.native() {
+        let id = |id: &str| match format {
+            ToolFormat::Mistral { .. } => mistral_id(id),
+            _ => id.to_string(),
+        };
         let mut m = ChatMessage::new(role, content);
         m.tool_calls = calls
             .iter()
             .map(|c| {
                 kvb_model::ChatToolCall::function(
-                    c.id.clone(),
+                    c.id.as_deref().map(id),
                     c.function.name.clone(),
                     arguments_value(&c.function.arguments),
                 )
             })
             .collect();
-        m.tool_call_id = tool_call_id.map(String::from);
+        m.tool_call_id = tool_call_id.map(id);
         return m;
     }
     for call in calls {
@@ -376,6 +436,27 @@ impl Tools {
                 ),
             ),
             (ToolFormat::Json, _) => ("parameters", format!("start: {}\n", names.join(" | "))),
+            // Mistral's: the marker, then one list of calls, the whole answer.
+            (ToolFormat::Mistral { marker }, choice) => {
+                let open = match marker {
+                    Some(id) => format!("<[{id}]>"),
+                    None => format!("\"{MISTRAL_CALLS}\""),
+                };
+                let calls = match self.parallel && !matches!(choice, Choice::Named(_)) {
+                    true => "call (\", \" call)*",
+                    false => "call",
+                };
+                let start = match choice {
+                    Choice::Auto => "start: TEXT | calls\nTEXT: /\\s*[^\\[\\s](.|\\n)*/\n",
+                    _ => "start: calls\n",
+                };
+                // v3 writes a space before the list, Nemo none.
+                let lark = format!(
+                    "{start}calls: {open} \" \"? \"[\" {calls} \"]\"\ncall: {}\n",
+                    names.join(" | ")
+                );
+                ("arguments", lark)
+            }
             (_, choice) => {
                 let several = self.parallel && !matches!(choice, Choice::Named(_));
                 let calls = if several {
@@ -437,10 +518,26 @@ impl Tools {
     /// The calls in `text`, with the text before the first; `None` when it makes none, or
     /// when any is not a well-formed call of one of the functions (then it is all text).
     pub fn parse(&self, text: &str) -> Option<(Option<String>, Vec<ParsedCall>)> {
-        if self.format == ToolFormat::Json {
-            // The whole answer is the call; Llama 3.1 names the arguments `parameters`.
-            let call = self.call_of(text.trim(), &["parameters", "arguments"])?;
-            return Some((None, vec![call]));
+        match self.format {
+            ToolFormat::Json => {
+                // The whole answer is the call; Llama 3.1 names the arguments `parameters`.
+                let call = self.call_of(text.trim(), &["parameters", "arguments"])?;
+                return Some((None, vec![call]));
+            }
+            ToolFormat::Mistral { .. } => {
+                // The whole answer is the list; its marker is in the text only where the
+                // vocabulary has no such control token.
+                let text = text.trim_start();
+                let list = text.strip_prefix(MISTRAL_CALLS).unwrap_or(text);
+                let items: Vec<&serde_json::value::RawValue> =
+                    serde_json::from_str(list.trim()).ok()?;
+                let calls = items
+                    .iter()
+                    .map(|c| self.call_of(c.get(), &["arguments"]))
+                    .collect::<Option<Vec<_>>>()?;
+                return (!calls.is_empty()).then_some((None, calls));
+            }
+            ToolFormat::Generic | ToolFormat::Tagged => {}
         }
         let start = text.find(OPEN)?;
         let mut calls = Vec::new();
@@ -630,6 +727,88 @@ mod tests {
         );
     }
 
+    /// Mistral's format: the answer is the marker and a list of calls; in the grammar the
+    /// marker is the control token where the vocabulary has one, else its text.
+    #[test]
+    fn a_mistral_answer_is_a_list_of_calls() {
+        let t = in_format(Choice::Auto, true, ToolFormat::Mistral { marker: Some(5) });
+        let list = r#" [{"name": "add", "arguments": {"x": 2}}, {"name": "get_weather", "arguments": {}}]"#;
+        let calls = vec![
+            ParsedCall {
+                name: "add".into(),
+                arguments: r#"{"x": 2}"#.into(),
+            },
+            ParsedCall {
+                name: "get_weather".into(),
+                arguments: "{}".into(),
+            },
+        ];
+        assert_eq!(t.parse(list), Some((None, calls.clone())));
+        assert_eq!(
+            t.parse(&format!("[TOOL_CALLS]{list}")),
+            Some((None, calls)),
+            "the marker as text"
+        );
+        assert_eq!(t.parse("[]"), None, "no calls");
+        assert_eq!(t.parse(r#"[{"name": "sub", "arguments": {}}]"#), None);
+        assert_eq!(t.parse(&format!("Sure:{list}")), None, "text first");
+        let Grammar::Lark(auto) = t.grammar() else {
+            panic!()
+        };
+        assert!(
+            auto.starts_with("start: TEXT | calls\n")
+                && auto.contains("calls: <[5]> \" \"? \"[\" call (\", \" call)* \"]\"")
+                && auto.contains("\"arguments\""),
+            "{auto}"
+        );
+        let named = in_format(Choice::Named(0), true, ToolFormat::Mistral { marker: None });
+        let Grammar::Lark(one) = named.grammar() else {
+            panic!()
+        };
+        assert!(
+            one.starts_with("start: calls\ncalls: \"[TOOL_CALLS]\" \" \"? \"[\" call \"]\""),
+            "{one}"
+        );
+    }
+
+    /// Mistral's templates take call ids of nine letters and digits: others are mapped to
+    /// such, the same each time, in calls and in the results that answer them.
+    #[test]
+    fn mistral_call_ids_are_nine_letters_and_digits() {
+        let format = ToolFormat::Mistral { marker: None };
+        let call = |id: &str| super::super::api::ToolCallIn {
+            id: Some(id.into()),
+            kind: Some("function".into()),
+            function: FunctionCall {
+                name: "add".into(),
+                arguments: "{}".into(),
+            },
+        };
+        let m = history_message(
+            "assistant",
+            String::new(),
+            &[call("call_7f3a")],
+            None,
+            format,
+        );
+        let id = m.tool_calls[0].id.clone().unwrap();
+        assert_eq!(id.len(), 9);
+        assert!(id.bytes().all(|b| b.is_ascii_alphanumeric()), "{id}");
+        let result = history_message("tool", "4".into(), &[], Some("call_7f3a"), format);
+        assert_eq!(result.tool_call_id.as_deref(), Some(id.as_str()));
+        assert_ne!(mistral_id("call_7f3b"), id);
+        assert_eq!(mistral_id("abcDEF123"), "abcDEF123", "already one");
+        // Other formats keep the client's ids.
+        let m = history_message(
+            "assistant",
+            String::new(),
+            &[call("call_7f3a")],
+            None,
+            ToolFormat::Tagged,
+        );
+        assert_eq!(m.tool_calls[0].id.as_deref(), Some("call_7f3a"));
+    }
+
     /// The format follows the template: its own where it reads `tools` and writes a known
     /// call format, kvb's generic one otherwise.
     #[test]
@@ -652,5 +831,14 @@ mod tests {
         assert_eq!(with(json), ToolFormat::Json);
         let other = "{% if tools %}[TOOLS]{{ tools | tojson }}{% endif %}";
         assert_eq!(with(other), ToolFormat::Generic, "an unknown call format");
+        // The tiny tokenizer has no `[TOOL_CALLS]` control token: the marker is text.
+        let mistral = "{% if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}{% for m in messages %}{% if m.tool_calls %}[TOOL_CALLS]{% endif %}{% endfor %}";
+        assert_eq!(with(mistral), ToolFormat::Mistral { marker: None });
+        let v11 = mistral.replace("[TOOL_CALLS]", "[TOOL_CALLS]{{ c.name }}[ARGS]");
+        assert_eq!(
+            with(&v11),
+            ToolFormat::Generic,
+            "name[ARGS] calls are not read"
+        );
     }
 }
