@@ -426,6 +426,8 @@ impl Tools {
             Choice::Named(i) => vec![&self.functions[i]],
         };
         let names: Vec<String> = (0..functions.len()).map(|i| format!("fn{i}")).collect();
+        // Several calls where parallel calls are allowed and no one function is named.
+        let several = self.parallel && !matches!(self.choice, Choice::Named(_));
         let (key, mut lark) = match (self.format, &self.choice) {
             // Llama 3.1's: one call, the whole answer.
             (ToolFormat::Json, Choice::Auto) => (
@@ -442,7 +444,7 @@ impl Tools {
                     Some(id) => format!("<[{id}]>"),
                     None => format!("\"{MISTRAL_CALLS}\""),
                 };
-                let calls = match self.parallel && !matches!(choice, Choice::Named(_)) {
+                let calls = match several {
                     true => "call (\", \" call)*",
                     false => "call",
                 };
@@ -458,7 +460,6 @@ impl Tools {
                 ("arguments", lark)
             }
             (_, choice) => {
-                let several = self.parallel && !matches!(choice, Choice::Named(_));
                 let calls = if several {
                     "call (\"\\n\" call)*"
                 } else {
