@@ -54,6 +54,9 @@ pub(super) fn columns(
     let (g0, g1) = (j0 / GROUP, (j0 + cols).div_ceil(GROUP));
     let step = tile_rows(kernel);
     let mut out = [0f32; MAX_TILE_ROWS * 2 * GROUP];
+    // AVX2's tiles of 4 rows: a pass of more decodes each group's cells once for all of them.
+    #[cfg(target_arch = "x86_64")]
+    let mut runs = Vec::new();
     for p0 in (0..a.m).step_by(ROWS_PER_PASS) {
         let p1 = (p0 + ROWS_PER_PASS).min(a.m);
         let mut g = g0;
@@ -66,10 +69,22 @@ pub(super) fn columns(
             } else {
                 1
             };
+            #[cfg(target_arch = "x86_64")]
+            let decoded = kernel == Kernel::Avx2 && p1 - p0 > step;
+            #[cfg(target_arch = "x86_64")]
+            if decoded {
+                // SAFETY: `Kernel::Avx2` was found on this CPU; `g` is a group of `w`.
+                unsafe { super::kcells_x86::decode_group(w, g, &mut runs) };
+            }
             for r0 in (p0..p1).step_by(step) {
                 let rows = step.min(p1 - r0);
                 match (kernel, groups) {
                     (Kernel::Portable, _) => portable(a, r0, rows, w, g, &mut out),
+                    // SAFETY: as below; `runs` are group `g`'s, decoded above.
+                    #[cfg(target_arch = "x86_64")]
+                    (Kernel::Avx2, _) if decoded => unsafe {
+                        super::kcells_x86::tile_decoded(a, r0, rows, w, g, &runs, &mut out)
+                    },
                     // SAFETY: `Kernel::detect` (or `supported`) found AVX2, FMA and F16C for
                     // these kernels (and AVX-512 BW, VL and VNNI for `Vnni512`, the only one
                     // taking pairs); rows are `a`'s, at most `tile_rows`; `g` (and `g + 1` for

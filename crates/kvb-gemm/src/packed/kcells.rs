@@ -261,10 +261,54 @@ pub(crate) mod avx2 {
         }
     }
 
-    /// The 8 bytes at `p` in the low half of a register.
+    /// Rows `r8..r8 + 8` (`r8` a multiple of 8) of a cell of kind `K`, their values joined in
+    /// bytes 32 at a time: rows `r8`, `r8 + 2`, `r8 + 4`, `r8 + 6` in the 64-bit quarters of the
+    /// first register, the odd rows in the second, each quarter the 8 lanes' values as stored
+    /// (Q6_K's unsigned, before its bias of 32). Q5_K's fifth bits and Q6_K's top pairs shift
+    /// into place by a variable shift per quarter.
+    ///
+    /// # Safety
+    /// AVX2 is present; `cell` points at a whole cell of kind `K`.
     #[inline(always)]
-    unsafe fn raw8(p: *const u8) -> __m128i {
-        _mm_loadl_epi64(p as *const __m128i)
+    pub(crate) unsafe fn run_bytes<const K: u8>(cell: *const u8, r8: usize) -> [__m256i; 2] {
+        let values = of_kind(K);
+        let at = Layout::of(values);
+        let low = _mm256_set1_epi8(0x0f);
+        let v = _mm256_loadu_si256(cell.add(at.nibbles + r8 / 2 * GROUP) as *const __m256i);
+        let (mut lo, mut hi) = (
+            _mm256_and_si256(v, low),
+            _mm256_and_si256(_mm256_srli_epi16::<4>(v), low),
+        );
+        // Each quarter's even row's high bits, moved to the bottom of its bytes.
+        let (even, odd_step, top) = match values {
+            CellValues::Q5K => {
+                let h = _mm256_set1_epi64x((cell.add(at.high + r8) as *const i64).read_unaligned());
+                (
+                    _mm256_srlv_epi64(h, _mm256_setr_epi64x(0, 2, 4, 6)),
+                    1,
+                    0x10,
+                )
+            }
+            CellValues::Q6K => {
+                let pair = _mm_loadu_si128(cell.add(at.high + r8 / 4 * GROUP) as *const __m128i);
+                let h = _mm256_permute4x64_epi64::<0b01_01_00_00>(_mm256_castsi128_si256(pair));
+                (
+                    _mm256_srlv_epi64(h, _mm256_setr_epi64x(0, 4, 0, 4)),
+                    2,
+                    0x30,
+                )
+            }
+            _ => return [lo, hi],
+        };
+        let odd = if odd_step == 1 {
+            _mm256_srli_epi64::<1>(even)
+        } else {
+            _mm256_srli_epi64::<2>(even)
+        };
+        let top = _mm256_set1_epi8(top);
+        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16::<4>(even), top));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16::<4>(odd), top));
+        [lo, hi]
     }
 
     /// Calls `row(r, w)` with each row's weights of `U` cells of kind `K` (one per group, `w[i]` from
@@ -314,32 +358,33 @@ pub(crate) mod avx2 {
             for run in 0..at.sub_rows / 8 {
                 let r0 = s * at.sub_rows + run * 8;
                 if values != CellValues::Q4K {
-                    let mut high = [[_mm_setzero_si128(); 2]; U];
-                    for (i, h) in high.iter_mut().enumerate() {
-                        let at_high = |row: usize| cells[i].add(at.high + row * GROUP);
-                        match values {
-                            CellValues::Q5K => h[0] = raw8(at_high(r0 / 8)),
-                            _ => *h = [raw8(at_high(r0 / 4)), raw8(at_high(r0 / 4 + 1))],
+                    // Per group, the run's even and odd rows' bytes, a row per 64-bit quarter.
+                    let mut quarters = [[[_mm_setzero_si128(); 4]; 2]; U];
+                    for (i, q) in quarters.iter_mut().enumerate() {
+                        for (half, v) in run_bytes::<K>(cells[i], r0).into_iter().enumerate() {
+                            let v = if q6 {
+                                _mm256_sub_epi8(v, _mm256_set1_epi8(32))
+                            } else {
+                                v
+                            };
+                            let (a, b) =
+                                (_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+                            q[half] = [a, _mm_unpackhi_epi64(a, a), b, _mm_unpackhi_epi64(b, b)];
                         }
                     }
                     for p in 0..4 {
-                        let r = r0 + 2 * p;
-                        let mut w = [[_mm256_setzero_ps(); U]; 2];
-                        for i in 0..U {
-                            let nib = raw8(cells[i].add(at.nibbles + r / 2 * GROUP));
-                            let pair = six_bit_pair::<K>(nib, high[i], p);
-                            for (half, q) in pair.into_iter().enumerate() {
+                        for half in 0..2 {
+                            let w: [__m256; U] = std::array::from_fn(|i| {
+                                let q = quarters[i][half][p];
                                 let q = if q6 {
                                     _mm256_cvtepi8_epi32(q)
                                 } else {
                                     _mm256_cvtepu8_epi32(q)
                                 };
-                                let q = _mm256_cvtepi32_ps(q);
-                                w[half][i] = _mm256_fmadd_ps(scale[i], q, offset[i]);
-                            }
+                                _mm256_fmadd_ps(scale[i], _mm256_cvtepi32_ps(q), offset[i])
+                            });
+                            row(r0 + 2 * p + half, &w);
                         }
-                        row(r, &w[0]);
-                        row(r + 1, &w[1]);
                     }
                     continue;
                 }
