@@ -1,6 +1,6 @@
 //! The x86 kernels of [`super::kcells`]: one group's 8 columns, a cell's values decoded once per
 //! tile of rows, or with AVX2 (tiles of 4 rows) once per pass of up to 64 rows
-//! ([`decode_group`]: at 128 rows 1.3x to 1.8x faster on Zen 3, Q4_K to Q6_K).
+//! ([`decode_group`]; bench/results/2026-11-28-avx2-k-quant-kernels).
 //!
 //! A cell stores row pairs as the nibbles of one byte per lane, 8 lanes side by side
 //! ([`crate::packed::kcells`]). Two unpacks (bytes, then 16-bit pairs) turn 32 such bytes,
