@@ -8,8 +8,9 @@
 //! rows 0-3 of the 8 lanes in one register and rows 4-7 in another. Each takes one broadcast
 //! of the row's 4 activation bytes, and one byte dot product adds 4 rows per lane:
 //! AVX-512 VNNI's `vpdpbusd` on 8 lanes, or AVX2's `vpmaddubsw` and `vpmaddwd` (values at
-//! most 63 times bytes at most 127: no pair saturates, and two pairs' sums fit 16 bits). Q5_K's fifth bits and Q6_K's top
-//! pairs shift into place by a variable shift per 64-bit quarter. The integer sums are exact,
+//! most 63 times bytes at most 127: no pair saturates, and two pairs' sums fit 16 bits).
+//! Q5_K's fifth bits and Q6_K's top pairs shift into place by a variable shift per 64-bit
+//! quarter ([`crate::packed::kcells::avx2::run_bytes`]). The integer sums are exact,
 //! and the float steps are [`super::kcells::portable`]'s, so the bits are the same.
 
 use super::kcells::MAX_TILE_ROWS;

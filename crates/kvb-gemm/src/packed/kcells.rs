@@ -279,31 +279,20 @@ pub(crate) mod avx2 {
             _mm256_and_si256(v, low),
             _mm256_and_si256(_mm256_srli_epi16::<4>(v), low),
         );
-        // Each quarter's even row's high bits, moved to the bottom of its bytes.
-        let (even, odd_step, top) = match values {
+        // Each quarter's even and odd rows' high bits, moved to the bottom of their bytes.
+        let (even, odd, top) = match values {
             CellValues::Q5K => {
                 let h = _mm256_set1_epi64x((cell.add(at.high + r8) as *const i64).read_unaligned());
-                (
-                    _mm256_srlv_epi64(h, _mm256_setr_epi64x(0, 2, 4, 6)),
-                    1,
-                    0x10,
-                )
+                let even = _mm256_srlv_epi64(h, _mm256_setr_epi64x(0, 2, 4, 6));
+                (even, _mm256_srli_epi64::<1>(even), 0x10)
             }
             CellValues::Q6K => {
                 let pair = _mm_loadu_si128(cell.add(at.high + r8 / 4 * GROUP) as *const __m128i);
                 let h = _mm256_permute4x64_epi64::<0b01_01_00_00>(_mm256_castsi128_si256(pair));
-                (
-                    _mm256_srlv_epi64(h, _mm256_setr_epi64x(0, 4, 0, 4)),
-                    2,
-                    0x30,
-                )
+                let even = _mm256_srlv_epi64(h, _mm256_setr_epi64x(0, 4, 0, 4));
+                (even, _mm256_srli_epi64::<2>(even), 0x30)
             }
             _ => return [lo, hi],
-        };
-        let odd = if odd_step == 1 {
-            _mm256_srli_epi64::<1>(even)
-        } else {
-            _mm256_srli_epi64::<2>(even)
         };
         let top = _mm256_set1_epi8(top);
         lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16::<4>(even), top));
