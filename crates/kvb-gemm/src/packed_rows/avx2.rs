@@ -51,14 +51,19 @@ unsafe fn run_groups<const R: usize, const G: usize>(a: &Set) {
             // K-quant cells: every group's row at once (G chains of multiply-adds per row).
             CellValues::Q4K | CellValues::Q5K | CellValues::Q6K => {
                 let ahead = head.map(|p| prefetch_target(p, c, cells, cell_bytes, G));
-                macro_rules! run {
-                    ($k:expr) => {
-                        kcells::avx2::each_row::<G, $k>(head, ahead, |p, w| {
-                            multiply_into(&mut acc, w, |r| xrow(r, p))
-                        })
-                    };
+                if R == 1 && a.values == CellValues::Q4K {
+                    // One row of Q4_K: its own kernel, which keeps the accumulators in registers.
+                    super::one_row::q4k_cells::<G>(head, ahead, a.x.add(c * rows), &mut acc[0]);
+                } else {
+                    macro_rules! run {
+                        ($k:expr) => {
+                            kcells::avx2::each_row::<G, $k>(head, ahead, |p, w| {
+                                multiply_into(&mut acc, w, |r| xrow(r, p))
+                            })
+                        };
+                    }
+                    kcells::by_kind!(a.values, run);
                 }
-                kcells::by_kind!(a.values, run);
             }
             CellValues::Nibbles(s) => {
                 let (scale, offset) = scales(s);

@@ -231,6 +231,8 @@ fn by_reduction_row(x: &[f32], rows: usize, k: usize) -> Vec<f32> {
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod one_row;
 
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
