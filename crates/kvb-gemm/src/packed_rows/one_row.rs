@@ -10,7 +10,7 @@
 //! a group or two at a time, were slower than the general kernel: bench/results.)
 
 use crate::packed::kcells::{self, prefetch_part, Layout, ROWS};
-use crate::packed::CellValues;
+use crate::packed::{CellValues, GROUP};
 use std::arch::x86_64::*;
 
 /// Adds the products of row x (its 256 values of this cell at `x`) by `G` Q4_K cells (one per
@@ -36,12 +36,13 @@ pub(super) unsafe fn q4k_cells<const G: usize>(
         for cell in ahead {
             prefetch_part(cell, cell_bytes, s, subs);
         }
-        // Volatile: stored once a sub-block and loaded by each use, never held in registers.
+        // Volatile: stored once a sub-block and loaded by each use, never held in registers
+        // (`d` and `dmin` are read again per sub-block for the same reason).
         for i in 0..G {
             let at_head = |o: usize| _mm256_cvtph_ps(_mm_loadu_si128(cells[i].add(o) as *const _));
             let sub = |o: usize| _mm256_cvtepi32_ps(kcells::avx2::bytes(cells[i].add(o), false));
             let (d, dmin) = (at_head(0), at_head(at.dmin));
-            let (sc, m) = (sub(at.sc + s * 8), sub(at.m + s * 8));
+            let (sc, m) = (sub(at.sc + s * GROUP), sub(at.m + s * GROUP));
             std::ptr::write_volatile(&mut scale[i], _mm256_mul_ps(d, sc));
             std::ptr::write_volatile(&mut offset[i], _mm256_xor_ps(_mm256_mul_ps(dmin, m), sign));
         }
@@ -50,7 +51,7 @@ pub(super) unsafe fn q4k_cells<const G: usize>(
             let x0 = _mm256_broadcast_ss(&*x.add(r));
             let x1 = _mm256_broadcast_ss(&*x.add(r + 1));
             for i in 0..G {
-                let nib = kcells::avx2::bytes(cells[i].add(at.nibbles + r / 2 * 8), false);
+                let nib = kcells::avx2::bytes(cells[i].add(at.nibbles + r / 2 * GROUP), false);
                 let (lo, hi) = (_mm256_and_si256(nib, low), _mm256_srli_epi32::<4>(nib));
                 let sc = std::ptr::read_volatile(&scale[i]);
                 let off = std::ptr::read_volatile(&offset[i]);
