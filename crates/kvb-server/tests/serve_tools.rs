@@ -192,6 +192,16 @@ const MISTRAL: &str = r#"{%- for m in messages %}
 {%- endif %}
 {%- endfor %}"#;
 
+/// A template in the shape of Mistral's v11 (Small 3.2): each call of the history
+/// `[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}`, ids of nine characters, results by id.
+const MISTRAL_V11: &str = r#"{%- for m in messages %}
+{%- if m.role == 'user' %}{% if tools and loop.first %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}[INST]{{ m.content }}[/INST]
+{%- elif m.role == 'tool' %}[TOOL_RESULTS]{{ m.tool_call_id }}[TOOL_CONTENT]{{ m.content }}[/TOOL_RESULTS]
+{%- elif m.tool_calls %}{% for c in m.tool_calls %}{% if c.id | length != 9 %}{{ raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}{% endif %}[TOOL_CALLS]{{ c.function.name }}[CALL_ID]{{ c.id }}[ARGS]{{ c.function.arguments | tojson }}{% endfor %}{{ eos_token }}
+{%- else %}{{ m.content }}{{ eos_token }}
+{%- endif %}
+{%- endfor %}"#;
+
 /// `kvb serve` on the default model with the chat template `template` (and the folder
 /// holding its file).
 fn server_with_template(template: &str) -> (tempfile::TempDir, Server) {
@@ -303,6 +313,31 @@ fn a_mistral_template_gets_its_ids_and_answers_in_lists() {
             && text[at + 9..].starts_with("\"}]")
             && text.contains(&format!(
                 "[TOOL_RESULTS] {{\"content\": \"18 degrees\", \"call_id\": \"{id}\"}}[/TOOL_RESULTS]"
+            ))
+            && !text.contains("Functions you can call"),
+        "{text}"
+    );
+    forced_calls_fit(&s, 1);
+    auto_answers_fit(&s, 2, "[");
+}
+
+/// Mistral's v11 format: the history's calls as `[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}`
+/// with ids of nine letters and digits (the same in the result); answers are such calls
+/// (the markers as text: the default model's vocabulary has no such control tokens) that fit,
+/// streamed or whole.
+#[test]
+fn a_mistral_v11_template_gets_named_calls_and_answers_in_them() {
+    let (_d, s) = server_with_template(MISTRAL_V11);
+    let text = rendered(&s, &weather_history());
+    let call = "[TOOL_CALLS]get_weather[CALL_ID]";
+    let at = text.find(call).unwrap_or_else(|| panic!("{text}")) + call.len();
+    let id = &text[at..at + 9];
+    assert!(id.bytes().all(|b| b.is_ascii_alphanumeric()), "{text}");
+    assert!(
+        text.starts_with("[AVAILABLE_TOOLS][{")
+            && text[at + 9..].starts_with("[ARGS]{\"city\":\"Paris\"}")
+            && text.contains(&format!(
+                "[TOOL_RESULTS]{id}[TOOL_CONTENT]18 degrees[/TOOL_RESULTS]"
             ))
             && !text.contains("Functions you can call"),
         "{text}"

@@ -2,7 +2,7 @@
 //! from there each call goes out in pieces as it is generated (its name once known, then its
 //! arguments' text as it comes), and what is left is read as calls at the end.
 
-use super::tools::{ParsedCall, ToolFormat, Tools, OPEN};
+use super::tools::{AnswerStart, ParsedCall, ToolFormat, Tools, OPEN};
 
 /// What a streamed answer sends next.
 #[derive(Debug, Clone, PartialEq)]
@@ -72,7 +72,7 @@ impl ToolStream {
         self.text.push_str(piece);
         let mut out = Vec::new();
         if !self.holding {
-            let text = self.content();
+            let text = self.content(tools);
             if !text.is_empty() {
                 out.push(StreamPiece::Text(text));
             }
@@ -87,13 +87,13 @@ impl ToolStream {
     }
 
     /// The content that can go out now, up to where a call may be starting.
-    fn content(&mut self) -> String {
+    fn content(&mut self, tools: &Tools) -> String {
         let unsent = &self.text[self.sent..];
-        let (until, holding) = match self.format.whole_answer_opening() {
+        let (until, holding) = match tools.whole_answer_start(unsent.trim_start()) {
             // Calls that are the whole answer: held while the answer may still start them.
-            Some(opening) => match (self.sent, unsent.trim_start()) {
-                (0, "") => (0, false),
-                (0, t) if t.starts_with(opening) => (0, true),
+            Some(start) => match (self.sent, start) {
+                (0, AnswerStart::Undecided) => (0, false),
+                (0, AnswerStart::Calls) => (0, true),
                 _ => (unsent.len(), false),
             },
             None => match unsent.find(OPEN) {
@@ -120,6 +120,16 @@ impl ToolStream {
             let rest = &self.text[self.scanned..];
             match self.scan.clone() {
                 Scan::Whole => return,
+                // Mistral's v11 calls: the name (and markers, id) before the arguments' `{`.
+                Scan::Between if matches!(self.format, ToolFormat::MistralNamed(_)) => {
+                    let Some(open) = rest.find('{') else { return };
+                    let Some(name) = tools.named_call(&rest[..open]) else {
+                        self.scan = Scan::Whole;
+                        continue;
+                    };
+                    self.scanned += open;
+                    self.begin_arguments(name, out);
+                }
                 Scan::Between => match rest.find('{') {
                     Some(i) => {
                         self.scanned += i;
@@ -137,19 +147,8 @@ impl ToolStream {
                             self.scan = Scan::Whole;
                             continue;
                         }
-                        let index = self.streamed.len();
-                        out.push(StreamPiece::CallStart {
-                            index,
-                            name: name.clone(),
-                        });
-                        self.streamed.push((name, 0));
                         self.scanned = start + arguments_at;
-                        self.scan = Scan::Arguments {
-                            index,
-                            depth: 0,
-                            in_string: false,
-                            escaped: false,
-                        };
+                        self.begin_arguments(name, out);
                     }
                 },
                 Scan::Arguments { index, .. } => {
@@ -161,7 +160,11 @@ impl ToolStream {
                         out.push(StreamPiece::Arguments { index, text });
                     }
                     if done {
-                        self.scan = Scan::Closing;
+                        // A v11 call ends with its arguments; the others close their object.
+                        self.scan = match self.format {
+                            ToolFormat::MistralNamed(_) => Scan::Between,
+                            _ => Scan::Closing,
+                        };
                     }
                 }
                 Scan::Closing => match rest.find('}') {
@@ -173,6 +176,22 @@ impl ToolStream {
                 },
             }
         }
+    }
+
+    /// Call `name` begins, its arguments at the scan's place.
+    fn begin_arguments(&mut self, name: String, out: &mut Vec<StreamPiece>) {
+        let index = self.streamed.len();
+        out.push(StreamPiece::CallStart {
+            index,
+            name: name.clone(),
+        });
+        self.streamed.push((name, 0));
+        self.scan = Scan::Arguments {
+            index,
+            depth: 0,
+            in_string: false,
+            escaped: false,
+        };
     }
 
     /// At the end: what is left to send.
@@ -508,6 +527,45 @@ mod tests {
             let (content, calls, _) = stream(&t, "It is [sunny] today", 3);
             assert_eq!(content, "It is [sunny] today");
             assert!(calls.is_empty());
+        }
+    }
+
+    /// Mistral's v11 and later: calls one after another, each a name and its arguments,
+    /// streamed call by call whether the markers are text or control tokens (left out).
+    #[test]
+    fn mistral_named_calls_stream_call_by_call() {
+        let want = [
+            ("add".to_string(), r#"{"x": [1]}"#.to_string()),
+            ("get_weather".to_string(), "{}".to_string()),
+        ];
+        for (tokens, ids, text) in [
+            (
+                false,
+                true,
+                r#"[TOOL_CALLS]add[CALL_ID]abcdefghi[ARGS]{"x": [1]}[TOOL_CALLS]get_weather[CALL_ID]123456789[ARGS]{}"#,
+            ),
+            (true, false, r#"add{"x": [1]}get_weather{}"#),
+            (
+                true,
+                true,
+                r#"addabcdefghi{"x": [1]}get_weather123456789{}"#,
+            ),
+        ] {
+            let markers = crate::serve::tools::NamedMarkers::for_tests(tokens, ids);
+            let t = tools(Choice::Auto, ToolFormat::MistralNamed(markers));
+            for size in 1..=text.len() {
+                let (content, calls, finished) = stream(&t, text, size);
+                assert_eq!(
+                    (content.as_str(), &calls[..]),
+                    ("", &want[..]),
+                    "size {size}: {text}"
+                );
+                assert_eq!(finished, Finished::Calls(Vec::new()), "all sent in pieces");
+            }
+            for answer in ["added {x} today", "It is {sunny}", "get_weather {}"] {
+                let (content, calls, _) = stream(&t, answer, 2);
+                assert_eq!((content.as_str(), calls.len()), (answer, 0));
+            }
         }
     }
 

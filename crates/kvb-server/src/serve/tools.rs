@@ -2,7 +2,9 @@
 //! format read here, the template describes the tools and writes the history's calls and
 //! results ([`ToolFormat::Tagged`]: `<tool_call>` JSON lines, as Qwen2.5 and Hermes;
 //! [`ToolFormat::Json`]: the answer is one JSON call, as Llama 3.1; [`ToolFormat::Mistral`]:
-//! `[TOOL_CALLS]` and a JSON list of calls, as Mistral's v3 and Nemo). Otherwise kvb's generic
+//! `[TOOL_CALLS]` and a JSON list of calls, as Mistral's v3 and Nemo;
+//! [`ToolFormat::MistralNamed`]: `[TOOL_CALLS]name[ARGS]{...}` per call, as Mistral's v11 and
+//! later: Small 3.2, Magistral, Devstral). Otherwise kvb's generic
 //! format: the functions are described in a system message, each call is a JSON object
 //! `{"name": ..., "arguments": {...}}` between `<tool_call>` and `</tool_call>` lines (calls in
 //! the history are written the same way, tool results as `<tool_response>` user turns). A
@@ -21,6 +23,9 @@ pub(super) const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
 /// What opens Mistral's calls: a control token in its vocabulary.
 const MISTRAL_CALLS: &str = "[TOOL_CALLS]";
+/// What follows a call's name in Mistral's v11 and later (control tokens too).
+const MISTRAL_ARGS: &str = "[ARGS]";
+const MISTRAL_CALL_ID: &str = "[CALL_ID]";
 /// Mistral's templates refuse a call id of another length.
 const MISTRAL_ID_LEN: usize = 9;
 
@@ -38,6 +43,31 @@ pub enum ToolFormat {
     /// (the answer's text then lacks it, as it lacks every control token); without one, the
     /// text itself.
     Mistral { marker: Option<u32> },
+    /// The template's tools section; the answer is calls `[TOOL_CALLS]name[ARGS]{...}`, one
+    /// after another, with `[CALL_ID]` and a call id of nine letters and digits before
+    /// `[ARGS]` where the template writes ids (v11; v13 writes none). The markers are control
+    /// tokens where the vocabulary has them, else text.
+    MistralNamed(NamedMarkers),
+}
+
+/// The control tokens of [`ToolFormat::MistralNamed`]'s markers, where the vocabulary has them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NamedMarkers {
+    calls: Option<u32>,
+    args: Option<u32>,
+    /// `None` where the template writes no call ids; else `[CALL_ID]`'s token, if any.
+    call_id: Option<Option<u32>>,
+}
+
+/// What the start of an answer whose calls are the whole answer turns out to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnswerStart {
+    /// Not yet known (more text may make it either).
+    Undecided,
+    /// Calls.
+    Calls,
+    /// Text.
+    Text,
 }
 
 impl ToolFormat {
@@ -51,8 +81,15 @@ impl ToolFormat {
             ToolFormat::Tagged
         } else if template.contains("<|start_header_id|>") && template.contains("parameters") {
             ToolFormat::Json
-        } else if template.contains(MISTRAL_CALLS) && !template.contains("[ARGS]") {
-            // `name[ARGS]{...}` calls (Mistral's v11 and later) are not read here.
+        } else if template.contains(MISTRAL_CALLS) && template.contains(MISTRAL_ARGS) {
+            ToolFormat::MistralNamed(NamedMarkers {
+                calls: special_token(tokenizer, MISTRAL_CALLS),
+                args: special_token(tokenizer, MISTRAL_ARGS),
+                call_id: template
+                    .contains(MISTRAL_CALL_ID)
+                    .then(|| special_token(tokenizer, MISTRAL_CALL_ID)),
+            })
+        } else if template.contains(MISTRAL_CALLS) {
             ToolFormat::Mistral {
                 marker: special_token(tokenizer, MISTRAL_CALLS),
             }
@@ -64,16 +101,6 @@ impl ToolFormat {
     /// Whether the chat template writes the tools and the history's calls.
     pub fn native(self) -> bool {
         self != ToolFormat::Generic
-    }
-
-    /// What an answer that is all calls starts with, where calls are the whole answer (no
-    /// text before them).
-    pub fn whole_answer_opening(self) -> Option<char> {
-        match self {
-            ToolFormat::Json => Some('{'),
-            ToolFormat::Mistral { .. } => Some('['),
-            ToolFormat::Generic | ToolFormat::Tagged => None,
-        }
     }
 }
 
@@ -314,7 +341,7 @@ pub fn history_message(
 ) -> ChatMessage {
     if format.native() {
         let id = |id: &str| match format {
-            ToolFormat::Mistral { .. } => mistral_id(id),
+            ToolFormat::Mistral { .. } | ToolFormat::MistralNamed(_) => mistral_id(id),
             _ => id.to_string(),
         };
         let mut m = ChatMessage::new(role, content);
@@ -428,6 +455,9 @@ impl Tools {
         let names: Vec<String> = (0..functions.len()).map(|i| format!("fn{i}")).collect();
         // Several calls where parallel calls are allowed and no one function is named.
         let several = self.parallel && !matches!(self.choice, Choice::Named(_));
+        if let ToolFormat::MistralNamed(markers) = self.format {
+            return Grammar::Lark(self.named_grammar(markers, &functions, &names, several));
+        }
         let (key, mut lark) = match (self.format, &self.choice) {
             // Llama 3.1's: one call, the whole answer.
             (ToolFormat::Json, Choice::Auto) => (
@@ -486,6 +516,122 @@ impl Tools {
         Grammar::Lark(lark)
     }
 
+    /// [`Self::grammar`] for [`ToolFormat::MistralNamed`]: calls one after another, each its
+    /// marker, the function's name, a call id where the template writes them, and the
+    /// arguments; with `auto`, text that cannot be read as calls ([`Self::named_call`]).
+    fn named_grammar(
+        &self,
+        markers: NamedMarkers,
+        functions: &[&FunctionDef],
+        rules: &[String],
+        several: bool,
+    ) -> String {
+        let marker = |token: Option<u32>, text: &str| match token {
+            Some(id) => format!("<[{id}]>"),
+            None => format!("\"{text}\""),
+        };
+        let id = match markers.call_id {
+            Some(token) => format!(
+                " {} /[a-zA-Z0-9]{{{MISTRAL_ID_LEN}}}/",
+                marker(token, MISTRAL_CALL_ID)
+            ),
+            None => String::new(),
+        };
+        let (open, args) = (
+            marker(markers.calls, MISTRAL_CALLS),
+            marker(markers.args, MISTRAL_ARGS),
+        );
+        let names: Vec<&str> = functions.iter().map(|f| f.name.as_str()).collect();
+        let calls = if several { "call+" } else { "call" };
+        // `auto`'s text: not what `named_start` reads as calls (the marker, a name then `[`, `{`).
+        let mut lark = match self.choice {
+            Choice::Auto => format!(
+                "start: TEXT | {calls}\nTEXT: /(.|\\n)*/ & ~/\\s*(\\[TOOL_CALLS\\]|({})[a-zA-Z0-9]*[\\[{{])(.|\\n)*/\n",
+                names.join("|")
+            ),
+            _ => format!("start: {calls}\n"),
+        };
+        lark += &format!("call: {}\n", rules.join(" | "));
+        for (i, f) in functions.iter().enumerate() {
+            let mut schema = f
+                .parameters
+                .clone()
+                .unwrap_or_else(|| json!({"type": "object"}));
+            schema["x-guidance"] = kvb_engine::json_layout();
+            lark += &format!(
+                "fn{i}: {open} \"{}\"{id} {args} args{i}\nargs{i}: %json {schema}\n",
+                f.name
+            );
+        }
+        lark
+    }
+
+    /// What an answer starting `text` (its leading whitespace removed) is, where calls are the
+    /// whole answer; `None` in the formats whose calls follow text.
+    pub fn whole_answer_start(&self, text: &str) -> Option<AnswerStart> {
+        let first = |opening: char| match text.chars().next() {
+            None => AnswerStart::Undecided,
+            Some(c) if c == opening => AnswerStart::Calls,
+            Some(_) => AnswerStart::Text,
+        };
+        match self.format {
+            ToolFormat::Json => Some(first('{')),
+            ToolFormat::Mistral { .. } => Some(first('[')),
+            ToolFormat::MistralNamed(_) => Some(self.named_start(text)),
+            ToolFormat::Generic | ToolFormat::Tagged => None,
+        }
+    }
+
+    /// [`Self::whole_answer_start`] for [`ToolFormat::MistralNamed`]: calls open with the
+    /// marker's text, or (the marker a control token, left out of the text) with a function's
+    /// name, letters or digits (a call id), then `[` or `{`: what `auto`'s text cannot start with.
+    fn named_start(&self, text: &str) -> AnswerStart {
+        if text.starts_with(MISTRAL_CALLS) {
+            return AnswerStart::Calls;
+        }
+        if MISTRAL_CALLS.starts_with(text) {
+            return AnswerStart::Undecided;
+        }
+        let mut start = AnswerStart::Text;
+        for f in &self.functions {
+            let Some(rest) = text.strip_prefix(f.name.as_str()) else {
+                if f.name.starts_with(text) {
+                    start = AnswerStart::Undecided;
+                }
+                continue;
+            };
+            let rest = rest.trim_start_matches(|c: char| c.is_ascii_alphanumeric());
+            match rest.chars().next() {
+                Some('[' | '{') => return AnswerStart::Calls,
+                None => start = AnswerStart::Undecided,
+                Some(_) => {}
+            }
+        }
+        start
+    }
+
+    /// The function a [`ToolFormat::MistralNamed`] call names, from `head`: what comes before
+    /// its arguments' `{` (after the previous call), with its markers where they are text and
+    /// its call id; `None` unless it names a function offered.
+    pub(super) fn named_call(&self, head: &str) -> Option<String> {
+        let head = head.trim_start();
+        let head = head.strip_prefix(MISTRAL_CALLS).unwrap_or(head);
+        let head = head.strip_suffix(MISTRAL_ARGS).unwrap_or(head);
+        let name = match (head.split_once(MISTRAL_CALL_ID), self.format) {
+            (Some((name, _)), _) => name,
+            // The id's marker is a control token, left out of the text: the id follows the name.
+            (
+                None,
+                ToolFormat::MistralNamed(NamedMarkers {
+                    call_id: Some(Some(_)),
+                    ..
+                }),
+            ) => head.get(..head.len().checked_sub(MISTRAL_ID_LEN)?)?,
+            (None, _) => head,
+        };
+        self.offers(name).then(|| name.to_string())
+    }
+
     /// Whether `name` is a function offered.
     pub fn offers(&self, name: &str) -> bool {
         self.functions.iter().any(|f| f.name == name)
@@ -538,6 +684,21 @@ impl Tools {
                     .collect::<Option<Vec<_>>>()?;
                 return (!calls.is_empty()).then_some((None, calls));
             }
+            ToolFormat::MistralNamed(_) => {
+                // Calls one after another, the whole answer: a name, then its arguments.
+                let mut calls = Vec::new();
+                let mut rest = text.trim_start();
+                while !rest.is_empty() {
+                    let open = rest.find('{')?;
+                    let name = self.named_call(&rest[..open])?;
+                    let mut values = serde_json::Deserializer::from_str(&rest[open..])
+                        .into_iter::<&serde_json::value::RawValue>();
+                    let arguments = values.next()?.ok()?.get().to_string();
+                    rest = rest[open + values.byte_offset()..].trim_start();
+                    calls.push(ParsedCall { name, arguments });
+                }
+                return (!calls.is_empty()).then_some((None, calls));
+            }
             ToolFormat::Generic | ToolFormat::Tagged => {}
         }
         let start = text.find(OPEN)?;
@@ -561,6 +722,20 @@ impl From<ParsedCall> for FunctionCall {
         FunctionCall {
             name: c.name,
             arguments: c.arguments,
+        }
+    }
+}
+
+#[cfg(test)]
+impl NamedMarkers {
+    /// Markers for tests: `[TOOL_CALLS]` token 5 and `[ARGS]` token 6 (`tokens`), else text;
+    /// call ids after `[CALL_ID]` (token 7 with `tokens`) where `ids`.
+    pub(crate) fn for_tests(tokens: bool, ids: bool) -> Self {
+        let token = |id| tokens.then_some(id);
+        NamedMarkers {
+            calls: token(5),
+            args: token(6),
+            call_id: ids.then(|| token(7)),
         }
     }
 }
@@ -772,6 +947,97 @@ mod tests {
         );
     }
 
+    /// Mistral's v11 and later: calls `[TOOL_CALLS]name[ARGS]{...}` one after another, a call
+    /// id before `[ARGS]` where the template writes them; the markers are left out of the text
+    /// where they are control tokens. Text that could be read as calls is not `auto`'s.
+    #[test]
+    fn mistral_named_calls_are_read_with_or_without_their_markers() {
+        let want = vec![
+            ParsedCall {
+                name: "add".into(),
+                arguments: r#"{"x": 2}"#.into(),
+            },
+            ParsedCall {
+                name: "get_weather".into(),
+                arguments: r#"{"x": {"y": "}"}}"#.into(),
+            },
+        ];
+        let answers = [
+            // Markers as text, with and without ids.
+            (
+                false,
+                true,
+                r#"[TOOL_CALLS]add[CALL_ID]a1b2c3d4e[ARGS]{"x": 2}[TOOL_CALLS]get_weather[CALL_ID]zzzzzzzzz[ARGS]{"x": {"y": "}"}}"#,
+            ),
+            (
+                false,
+                false,
+                r#" [TOOL_CALLS]add[ARGS]{"x": 2} [TOOL_CALLS]get_weather[ARGS]{"x": {"y": "}"}}"#,
+            ),
+            // Markers as control tokens: the id runs on from the name.
+            (
+                true,
+                true,
+                r#"adda1b2c3d4e{"x": 2}get_weatherzzzzzzzzz{"x": {"y": "}"}}"#,
+            ),
+            (true, false, r#"add{"x": 2}get_weather{"x": {"y": "}"}}"#),
+        ];
+        for (tokens, ids, text) in answers {
+            let format = ToolFormat::MistralNamed(NamedMarkers::for_tests(tokens, ids));
+            let t = in_format(Choice::Auto, true, format);
+            assert_eq!(t.parse(text), Some((None, want.clone())), "{text}");
+            assert_eq!(
+                t.whole_answer_start(text.trim_start()),
+                Some(AnswerStart::Calls)
+            );
+        }
+        let t = in_format(
+            Choice::Auto,
+            true,
+            ToolFormat::MistralNamed(NamedMarkers::for_tests(true, false)),
+        );
+        for text in [
+            r#"Sure: add{"x": 2}"#,
+            r#"sub{"x": 2}"#,
+            r#"add {"x": 2}"#,
+            r#"add{"x": 2} and"#,
+        ] {
+            assert_eq!(t.parse(text), None, "{text}");
+        }
+        let start = |text| t.whole_answer_start(text);
+        assert_eq!(start("[TOOL_C"), Some(AnswerStart::Undecided));
+        assert_eq!(start("get_w"), Some(AnswerStart::Undecided));
+        assert_eq!(start("add12"), Some(AnswerStart::Undecided));
+        assert_eq!(start("added more"), Some(AnswerStart::Text));
+        assert_eq!(start("Sure"), Some(AnswerStart::Text));
+        // The grammar: markers as tokens or text, ids where written, text that opens no call.
+        let Grammar::Lark(auto) = t.grammar() else {
+            panic!()
+        };
+        assert!(
+            auto.starts_with("start: TEXT | call+\n")
+                && auto.contains(r"~/\s*(\[TOOL_CALLS\]|(get_weather|add)[a-zA-Z0-9]*[\[{])")
+                && auto.contains("fn1: <[5]> \"add\" <[6]> args1\nargs1: %json {"),
+            "{auto}"
+        );
+        let named = in_format(
+            Choice::Named(1),
+            true,
+            ToolFormat::MistralNamed(NamedMarkers::for_tests(false, true)),
+        );
+        let Grammar::Lark(one) = named.grammar() else {
+            panic!()
+        };
+        assert!(
+            one.starts_with("start: call\ncall: fn0\n")
+                && one.contains(
+                    r#"fn0: "[TOOL_CALLS]" "add" "[CALL_ID]" /[a-zA-Z0-9]{9}/ "[ARGS]" args0"#
+                )
+                && !one.contains("get_weather"),
+            "{one}"
+        );
+    }
+
     /// Mistral's templates take call ids of nine letters and digits: others are mapped to
     /// such, the same each time, in calls and in the results that answer them.
     #[test]
@@ -835,11 +1101,18 @@ mod tests {
         // The tiny tokenizer has no `[TOOL_CALLS]` control token: the marker is text.
         let mistral = "{% if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}{% for m in messages %}{% if m.tool_calls %}[TOOL_CALLS]{% endif %}{% endfor %}";
         assert_eq!(with(mistral), ToolFormat::Mistral { marker: None });
-        let v11 = mistral.replace("[TOOL_CALLS]", "[TOOL_CALLS]{{ c.name }}[ARGS]");
+        let v13 = mistral.replace("[TOOL_CALLS]", "[TOOL_CALLS]{{ c.name }}[ARGS]");
+        assert_eq!(
+            with(&v13),
+            ToolFormat::MistralNamed(NamedMarkers::for_tests(false, false))
+        );
+        let v11 = mistral.replace(
+            "[TOOL_CALLS]",
+            "[TOOL_CALLS]{{ c.name }}[CALL_ID]{{ c.id }}[ARGS]",
+        );
         assert_eq!(
             with(&v11),
-            ToolFormat::Generic,
-            "name[ARGS] calls are not read"
+            ToolFormat::MistralNamed(NamedMarkers::for_tests(false, true))
         );
     }
 }
