@@ -24,10 +24,14 @@ pub(super) unsafe fn run_set(m: usize, groups: usize, set: &Set) {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn run_groups<const R: usize, const G: usize>(a: &Set) {
+    if R == 1 && a.values == CellValues::Q4K {
+        // One row of Q4_K: its own loop (here, beside the other formats' arms, LLVM kept an
+        // accumulator in memory, a store and a load in its multiply-add chain).
+        return super::one_row::q4k_row::<G>(a);
+    }
     let rows = a.cell_rows;
     let cell_bytes = a.values.cell_bytes(rows);
     let cells = a.k / rows;
-    let per_block = KC / rows;
     let mut acc = [[_mm256_setzero_ps(); G]; R];
     let low = _mm256_set1_epi32(0x0f);
     for c in 0..cells {
@@ -51,19 +55,14 @@ unsafe fn run_groups<const R: usize, const G: usize>(a: &Set) {
             // K-quant cells: every group's row at once (G chains of multiply-adds per row).
             CellValues::Q4K | CellValues::Q5K | CellValues::Q6K => {
                 let ahead = head.map(|p| prefetch_target(p, c, cells, cell_bytes, G));
-                if R == 1 && a.values == CellValues::Q4K {
-                    // One row of Q4_K: its own kernel, which keeps the accumulators in registers.
-                    super::one_row::q4k_cells::<G>(head, ahead, a.x.add(c * rows), &mut acc[0]);
-                } else {
-                    macro_rules! run {
-                        ($k:expr) => {
-                            kcells::avx2::each_row::<G, $k>(head, ahead, |p, w| {
-                                multiply_into(&mut acc, w, |r| xrow(r, p))
-                            })
-                        };
-                    }
-                    kcells::by_kind!(a.values, run);
+                macro_rules! run {
+                    ($k:expr) => {
+                        kcells::avx2::each_row::<G, $k>(head, ahead, |p, w| {
+                            multiply_into(&mut acc, w, |r| xrow(r, p))
+                        })
+                    };
                 }
+                kcells::by_kind!(a.values, run);
             }
             CellValues::Nibbles(s) => {
                 let (scale, offset) = scales(s);
@@ -107,22 +106,34 @@ unsafe fn run_groups<const R: usize, const G: usize>(a: &Set) {
                 }
             }
         }
-        // The end of a KC block (or of the reduction): out = block sum for the first block,
-        // out += block sum after it, as the f32 kernels do.
-        if (c + 1) % per_block == 0 || c + 1 == cells {
-            let first = c < per_block;
-            for (r, row) in acc.iter_mut().enumerate() {
-                for (i, v) in row.iter_mut().enumerate() {
-                    let o = a.out.add(r * a.stride + i * GROUP);
-                    let sum = if first {
-                        *v
-                    } else {
-                        _mm256_add_ps(_mm256_loadu_ps(o), *v)
-                    };
-                    _mm256_storeu_ps(o, sum);
-                    *v = _mm256_setzero_ps();
-                }
-            }
+        end_of_cell(a, c, &mut acc);
+    }
+}
+
+/// After cell `c`: at the end of a KC block (or of the reduction), out = block sum for the
+/// first block, out += block sum after it, as the f32 kernels do; the sums start again.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn end_of_cell<const R: usize, const G: usize>(
+    a: &Set,
+    c: usize,
+    acc: &mut [[__m256; G]; R],
+) {
+    let (per_block, cells) = (KC / a.cell_rows, a.k / a.cell_rows);
+    if (c + 1) % per_block != 0 && c + 1 != cells {
+        return;
+    }
+    let first = c < per_block;
+    for (r, row) in acc.iter_mut().enumerate() {
+        for (i, v) in row.iter_mut().enumerate() {
+            let o = a.out.add(r * a.stride + i * GROUP);
+            let sum = if first {
+                *v
+            } else {
+                _mm256_add_ps(_mm256_loadu_ps(o), *v)
+            };
+            _mm256_storeu_ps(o, sum);
+            *v = _mm256_setzero_ps();
         }
     }
 }

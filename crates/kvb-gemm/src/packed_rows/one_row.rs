@@ -9,9 +9,31 @@
 //! general kernel's ([`kcells::avx2::each_row`]): the same bits. (Q5_K and Q6_K done this way,
 //! a group or two at a time, were slower than the general kernel: bench/results.)
 
+use super::{prefetch_target, Set};
 use crate::packed::kcells::{self, prefetch_part, Layout, ROWS};
 use crate::packed::{CellValues, GROUP};
 use std::arch::x86_64::*;
+
+/// Row 0 of the set's x against its `G` groups of Q4_K cells, into its out, as
+/// [`super::avx2`]'s `run_groups` does for the other formats. Not inlined there: beside its
+/// other arms LLVM kept one accumulator in memory.
+///
+/// # Safety
+/// AVX2, FMA and F16C are present; `a` is a set of `G` groups of Q4_K cells and one row.
+#[inline(never)]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q4k_row<const G: usize>(a: &Set) {
+    let rows = a.cell_rows;
+    let cell_bytes = CellValues::Q4K.cell_bytes(rows);
+    let cells = a.k / rows;
+    let mut acc = [[_mm256_setzero_ps(); G]; 1];
+    for c in 0..cells {
+        let head: [*const u8; G] = std::array::from_fn(|i| a.cells[i].add(c * cell_bytes));
+        let ahead = head.map(|p| prefetch_target(p, c, cells, cell_bytes, G));
+        q4k_cells::<G>(head, ahead, a.x.add(c * rows), &mut acc[0]);
+        super::avx2::end_of_cell(a, c, &mut acc);
+    }
+}
 
 /// Adds the products of row x (its 256 values of this cell at `x`) by `G` Q4_K cells (one per
 /// group) into `acc[i]`, reduction row by reduction row.
@@ -20,7 +42,7 @@ use std::arch::x86_64::*;
 /// AVX2, FMA and F16C are present; `cells` point at whole Q4_K cells; `x` holds 256 f32.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q4k_cells<const G: usize>(
+unsafe fn q4k_cells<const G: usize>(
     cells: [*const u8; G],
     ahead: [*const u8; G],
     x: *const f32,
