@@ -763,6 +763,14 @@ impl Tools {
 mod tests {
     use super::*;
 
+    /// The call of `name` with `arguments` as read back.
+    fn call(name: &str, arguments: &str) -> ParsedCall {
+        ParsedCall {
+            name: name.into(),
+            arguments: arguments.into(),
+        }
+    }
+
     fn tools(choice: Choice, parallel: bool) -> Tools {
         in_format(choice, parallel, ToolFormat::Generic)
     }
@@ -783,16 +791,7 @@ mod tests {
         assert_eq!(before.as_deref(), Some("Let me check."));
         assert_eq!(
             calls,
-            [
-                ParsedCall {
-                    name: "get_weather".into(),
-                    arguments: r#"{"x":1}"#.into()
-                },
-                ParsedCall {
-                    name: "add".into(),
-                    arguments: r#"{"x":2}"#.into()
-                },
-            ]
+            [call("get_weather", r#"{"x":1}"#), call("add", r#"{"x":2}"#)]
         );
         // Arguments written as a JSON string are that string; any other value is no call.
         let quoted =
@@ -872,19 +871,13 @@ mod tests {
     #[test]
     fn a_json_call_is_the_whole_answer() {
         let t = in_format(Choice::Auto, true, ToolFormat::Json);
-        let call = r#" {"name": "add", "parameters": {"x": 2}}"#;
+        let answer = r#" {"name": "add", "parameters": {"x": 2}}"#;
         assert_eq!(
-            t.parse(call),
-            Some((
-                None,
-                vec![ParsedCall {
-                    name: "add".into(),
-                    arguments: r#"{"x": 2}"#.into()
-                }]
-            ))
+            t.parse(answer),
+            Some((None, vec![call("add", r#"{"x": 2}"#)]))
         );
         assert_eq!(t.parse(r#"{"name": "sub", "parameters": {}}"#), None);
-        assert_eq!(t.parse(&format!("Sure: {call}")), None, "text first");
+        assert_eq!(t.parse(&format!("Sure: {answer}")), None, "text first");
         // `auto`: text that cannot start with `{`, or the call.
         let Grammar::Lark(auto) = t.grammar() else {
             panic!()
@@ -909,16 +902,7 @@ mod tests {
     fn a_mistral_answer_is_a_list_of_calls() {
         let t = in_format(Choice::Auto, true, ToolFormat::Mistral { marker: Some(5) });
         let list = r#" [{"name": "add", "arguments": {"x": 2}}, {"name": "get_weather", "arguments": {}}]"#;
-        let calls = vec![
-            ParsedCall {
-                name: "add".into(),
-                arguments: r#"{"x": 2}"#.into(),
-            },
-            ParsedCall {
-                name: "get_weather".into(),
-                arguments: "{}".into(),
-            },
-        ];
+        let calls = vec![call("add", r#"{"x": 2}"#), call("get_weather", "{}")];
         assert_eq!(t.parse(list), Some((None, calls.clone())));
         assert_eq!(
             t.parse(&format!("[TOOL_CALLS]{list}")),
@@ -953,14 +937,8 @@ mod tests {
     #[test]
     fn mistral_named_calls_are_read_with_or_without_their_markers() {
         let want = vec![
-            ParsedCall {
-                name: "add".into(),
-                arguments: r#"{"x": 2}"#.into(),
-            },
-            ParsedCall {
-                name: "get_weather".into(),
-                arguments: r#"{"x": {"y": "}"}}"#.into(),
-            },
+            call("add", r#"{"x": 2}"#),
+            call("get_weather", r#"{"x": {"y": "}"}}"#),
         ];
         let answers = [
             // Markers as text, with and without ids.
