@@ -24,10 +24,15 @@ pub(super) unsafe fn run_set(m: usize, groups: usize, set: &Set) {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn run_groups<const R: usize, const G: usize>(a: &Set) {
-    if R == 1 && a.values == CellValues::Q4K {
-        // One row of Q4_K: its own loop (here, beside the other formats' arms, LLVM kept an
-        // accumulator in memory, a store and a load in its multiply-add chain).
-        return super::one_row::q4k_row::<G>(a);
+    if R == 1 && a.values.is_k_quant() {
+        // One row of K-quant cells: a loop of its own (here, beside the other formats' arms,
+        // LLVM kept an accumulator in memory, a store and a load in its multiply-add chain).
+        macro_rules! one_row {
+            ($k:expr) => {
+                super::one_row::k_quant_row::<G, $k>(a)
+            };
+        }
+        return kcells::by_kind!(a.values, one_row);
     }
     let rows = a.cell_rows;
     let cell_bytes = a.values.cell_bytes(rows);

@@ -1,36 +1,41 @@
-//! The 8-lane kernel's Q4_K cells for one row (a single sequence's decode step, where a step
-//! spends nearly all its time): the general kernel's arrays of a row's weights for every
+//! The 8-lane kernel's K-quant cells for one row (a single sequence's decode step, where a
+//! step spends nearly all its time): the general kernel's arrays of a row's weights for every
 //! group, beside each group's scale and offset, took more than the 16 registers, and LLVM
 //! spilled accumulators, which put a store and a load into every multiply-add chain.
 //!
 //! Here each group's weights are formed and used at once, and the sub-block's scales and
 //! offsets are read from memory where they are used, so the registers hold the accumulators,
 //! the row's x and the weights in flight. The values and the order of the sums are the
-//! general kernel's ([`kcells::avx2::each_row`]): the same bits. (Q5_K and Q6_K done this way,
-//! a group or two at a time, were slower than the general kernel: bench/results.)
+//! general kernel's ([`kcells::avx2::each_row`]): the same bits.
 
 use super::{prefetch_target, Set};
 use crate::packed::kcells::{self, prefetch_part, Layout, ROWS};
 use crate::packed::{CellValues, GROUP};
 use std::arch::x86_64::*;
 
-/// Row 0 of the set's x against its `G` groups of Q4_K cells, into its out, as
+/// Row 0 of the set's x against its `G` groups of K-quant cells of kind `K`, into its out, as
 /// [`super::avx2`]'s `run_groups` does for the other formats. Not inlined there: beside its
 /// other arms LLVM kept one accumulator in memory.
 ///
 /// # Safety
-/// AVX2, FMA and F16C are present; `a` is a set of `G` groups of Q4_K cells and one row.
+/// AVX2, FMA and F16C are present; `a` is a set of `G` groups of cells of kind `K` and one row.
 #[inline(never)]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q4k_row<const G: usize>(a: &Set) {
+pub(super) unsafe fn k_quant_row<const G: usize, const K: u8>(a: &Set) {
+    let values = kcells::of_kind(K);
     let rows = a.cell_rows;
-    let cell_bytes = CellValues::Q4K.cell_bytes(rows);
+    let cell_bytes = values.cell_bytes(rows);
     let cells = a.k / rows;
     let mut acc = [[_mm256_setzero_ps(); G]; 1];
     for c in 0..cells {
         let head: [*const u8; G] = std::array::from_fn(|i| a.cells[i].add(c * cell_bytes));
         let ahead = head.map(|p| prefetch_target(p, c, cells, cell_bytes, G));
-        q4k_cells::<G>(head, ahead, a.x.add(c * rows), &mut acc[0]);
+        let x = a.x.add(c * rows);
+        if values == CellValues::Q4K {
+            q4k_cells::<G>(head, ahead, x, &mut acc[0]);
+        } else {
+            high_bit_cells::<G, K>(head, ahead, x, &mut acc[0]);
+        }
         super::avx2::end_of_cell(a, c, &mut acc);
     }
 }
@@ -81,6 +86,73 @@ unsafe fn q4k_cells<const G: usize>(
                 acc[i] = _mm256_fmadd_ps(x0, w, acc[i]);
                 let w = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(hi), off);
                 acc[i] = _mm256_fmadd_ps(x1, w, acc[i]);
+            }
+        }
+    }
+}
+
+/// [`q4k_cells`] for Q5_K and Q6_K: per run of 8 rows, each group's values are joined in two
+/// registers of bytes ([`kcells::avx2::run_bytes`]; Q6_K's less its bias of 32), stored, and
+/// widened from memory row by row: taking the rows out of registers cost a shuffle each, and
+/// LLVM held all groups' runs at once. Q6_K's `scale * q` is a multiply where the general
+/// kernel adds an offset of -0.0 to it: the same bits.
+///
+/// # Safety
+/// AVX2, FMA and F16C are present; `cells` point at whole cells of kind `K`; `x` holds 256 f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn high_bit_cells<const G: usize, const K: u8>(
+    cells: [*const u8; G],
+    ahead: [*const u8; G],
+    x: *const f32,
+    acc: &mut [__m256; G],
+) {
+    let values = kcells::of_kind(K);
+    let q6 = values == CellValues::Q6K;
+    let at = Layout::of(values);
+    let (subs, cell_bytes) = (ROWS / at.sub_rows, values.cell_bytes(ROWS));
+    let bias = _mm256_set1_epi8(if q6 { 32 } else { 0 });
+    let sign = _mm256_set1_ps(-0.0);
+    let mut scale = [_mm256_setzero_ps(); G];
+    let mut offset = [sign; G];
+    for s in 0..subs {
+        for cell in ahead {
+            prefetch_part(cell, cell_bytes, s, subs);
+        }
+        // Volatile, as in `q4k_cells`.
+        for i in 0..G {
+            let at_head = |o: usize| _mm256_cvtph_ps(_mm_loadu_si128(cells[i].add(o) as *const _));
+            let sub = |o: usize| _mm256_cvtepi32_ps(kcells::avx2::bytes(cells[i].add(o), q6));
+            let sc = sub(at.sc + s * GROUP);
+            std::ptr::write_volatile(&mut scale[i], _mm256_mul_ps(at_head(0), sc));
+            if !q6 {
+                let m = _mm256_mul_ps(at_head(at.dmin), sub(at.m + s * GROUP));
+                std::ptr::write_volatile(&mut offset[i], _mm256_xor_ps(m, sign));
+            }
+        }
+        for r0 in (s * at.sub_rows..(s + 1) * at.sub_rows).step_by(8) {
+            let mut runs = [[_mm256_setzero_si256(); 2]; G];
+            for (i, run) in runs.iter_mut().enumerate() {
+                let [even, odd] = kcells::avx2::run_bytes::<K>(cells[i], r0);
+                std::ptr::write_volatile(&mut run[0], _mm256_sub_epi8(even, bias));
+                std::ptr::write_volatile(&mut run[1], _mm256_sub_epi8(odd, bias));
+            }
+            for p in 0..4 {
+                for half in 0..2 {
+                    let xr = _mm256_broadcast_ss(&*x.add(r0 + 2 * p + half));
+                    for (i, run) in runs.iter().enumerate() {
+                        let at = (run.as_ptr() as *const u8).add(half * 32 + p * 8);
+                        let q = _mm_loadl_epi64(at as *const _);
+                        let sc = std::ptr::read_volatile(&scale[i]);
+                        let w = if q6 {
+                            _mm256_mul_ps(sc, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)))
+                        } else {
+                            let q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q));
+                            _mm256_fmadd_ps(sc, q, std::ptr::read_volatile(&offset[i]))
+                        };
+                        acc[i] = _mm256_fmadd_ps(xr, w, acc[i]);
+                    }
+                }
             }
         }
     }
