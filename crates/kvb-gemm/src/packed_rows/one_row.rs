@@ -54,25 +54,13 @@ unsafe fn q4k_cells<const G: usize>(
     acc: &mut [__m256; G],
 ) {
     let at = Layout::of(CellValues::Q4K);
-    let (subs, cell_bytes) = (ROWS / at.sub_rows, CellValues::Q4K.cell_bytes(ROWS));
+    let subs = ROWS / at.sub_rows;
     let sign = _mm256_set1_ps(-0.0);
     let low = _mm256_set1_epi32(0x0f);
     let mut scale = [_mm256_setzero_ps(); G];
     let mut offset = [sign; G];
     for s in 0..subs {
-        for cell in ahead {
-            prefetch_part(cell, cell_bytes, s, subs);
-        }
-        // Volatile: stored once a sub-block and loaded by each use, never held in registers
-        // (`d` and `dmin` are read again per sub-block for the same reason).
-        for i in 0..G {
-            let at_head = |o: usize| _mm256_cvtph_ps(_mm_loadu_si128(cells[i].add(o) as *const _));
-            let sub = |o: usize| _mm256_cvtepi32_ps(kcells::avx2::bytes(cells[i].add(o), false));
-            let (d, dmin) = (at_head(0), at_head(at.dmin));
-            let (sc, m) = (sub(at.sc + s * GROUP), sub(at.m + s * GROUP));
-            std::ptr::write_volatile(&mut scale[i], _mm256_mul_ps(d, sc));
-            std::ptr::write_volatile(&mut offset[i], _mm256_xor_ps(_mm256_mul_ps(dmin, m), sign));
-        }
+        start_sub_block::<G, { kcells::KIND_Q4K }>(cells, ahead, s, &mut scale, &mut offset);
         let r0 = s * at.sub_rows;
         for r in (r0..r0 + at.sub_rows).step_by(2) {
             let x0 = _mm256_broadcast_ss(&*x.add(r));
@@ -110,26 +98,13 @@ unsafe fn high_bit_cells<const G: usize, const K: u8>(
     let values = kcells::of_kind(K);
     let q6 = values == CellValues::Q6K;
     let at = Layout::of(values);
-    let (subs, cell_bytes) = (ROWS / at.sub_rows, values.cell_bytes(ROWS));
+    let subs = ROWS / at.sub_rows;
     let bias = _mm256_set1_epi8(if q6 { 32 } else { 0 });
     let sign = _mm256_set1_ps(-0.0);
     let mut scale = [_mm256_setzero_ps(); G];
     let mut offset = [sign; G];
     for s in 0..subs {
-        for cell in ahead {
-            prefetch_part(cell, cell_bytes, s, subs);
-        }
-        // Volatile, as in `q4k_cells`.
-        for i in 0..G {
-            let at_head = |o: usize| _mm256_cvtph_ps(_mm_loadu_si128(cells[i].add(o) as *const _));
-            let sub = |o: usize| _mm256_cvtepi32_ps(kcells::avx2::bytes(cells[i].add(o), q6));
-            let sc = sub(at.sc + s * GROUP);
-            std::ptr::write_volatile(&mut scale[i], _mm256_mul_ps(at_head(0), sc));
-            if !q6 {
-                let m = _mm256_mul_ps(at_head(at.dmin), sub(at.m + s * GROUP));
-                std::ptr::write_volatile(&mut offset[i], _mm256_xor_ps(m, sign));
-            }
-        }
+        start_sub_block::<G, K>(cells, ahead, s, &mut scale, &mut offset);
         for r0 in (s * at.sub_rows..(s + 1) * at.sub_rows).step_by(8) {
             let mut runs = [[_mm256_setzero_si256(); 2]; G];
             for (i, run) in runs.iter_mut().enumerate() {
@@ -154,6 +129,39 @@ unsafe fn high_bit_cells<const G: usize, const K: u8>(
                     }
                 }
             }
+        }
+    }
+}
+
+/// Starts sub-block `s` of `G` cells of kind `K`: prefetches its share of the cells `ahead`
+/// and stores each group's scale `d * sc` and offset `-(dmin * m)` (Q6_K has none: its
+/// offset stays -0.0). Volatile: stored once a sub-block and loaded by each use, never held in
+/// registers (`d` and `dmin` are read again per sub-block for the same reason).
+///
+/// # Safety
+/// AVX2 and F16C are present; `cells` point at whole cells of kind `K`.
+#[inline(always)]
+unsafe fn start_sub_block<const G: usize, const K: u8>(
+    cells: [*const u8; G],
+    ahead: [*const u8; G],
+    s: usize,
+    scale: &mut [__m256; G],
+    offset: &mut [__m256; G],
+) {
+    let values = kcells::of_kind(K);
+    let (at, q6) = (Layout::of(values), values == CellValues::Q6K);
+    let (subs, cell_bytes) = (ROWS / at.sub_rows, values.cell_bytes(ROWS));
+    for cell in ahead {
+        prefetch_part(cell, cell_bytes, s, subs);
+    }
+    for i in 0..G {
+        let at_head = |o: usize| _mm256_cvtph_ps(_mm_loadu_si128(cells[i].add(o) as *const _));
+        let sub = |o: usize| _mm256_cvtepi32_ps(kcells::avx2::bytes(cells[i].add(o), q6));
+        let sc = sub(at.sc + s * GROUP);
+        std::ptr::write_volatile(&mut scale[i], _mm256_mul_ps(at_head(0), sc));
+        if !q6 {
+            let m = _mm256_mul_ps(at_head(at.dmin), sub(at.m + s * GROUP));
+            std::ptr::write_volatile(&mut offset[i], _mm256_xor_ps(m, _mm256_set1_ps(-0.0)));
         }
     }
 }
