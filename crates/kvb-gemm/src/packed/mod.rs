@@ -39,6 +39,7 @@ mod dequant;
 pub(crate) mod kcells;
 #[cfg(target_arch = "x86_64")]
 mod kcells_bytes;
+mod pages;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) use dequant::avx2::{head, widen_floats};
@@ -245,7 +246,7 @@ pub struct PackedMatrix {
     k: usize,
     n: usize,
     /// `n.div_ceil(GROUP)` groups of `k / cell_rows` cells.
-    data: Vec<u8>,
+    data: pages::Pages,
     /// What the values came from, for messages (`q4_1`, `q8_0` ...).
     source: &'static str,
 }
@@ -500,7 +501,7 @@ impl PackedMatrix {
             cell_rows,
             k,
             n,
-            data: vec![0u8; cells * values.cell_bytes(cell_rows)],
+            data: pages::Pages::zeroed(cells * values.cell_bytes(cell_rows)),
             source,
         }
     }
