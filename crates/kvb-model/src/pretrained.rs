@@ -100,7 +100,7 @@ pub fn load_pretrained<B: ModelBackend>(
         ModelFormat::HfFolder => {
             let config = ModelConfig::from_file(&path.join("config.json"), options.strict)?;
             let tokenizer = Tokenizer::from_dir(path)?;
-            check_vocabulary(&tokenizer, &config)?;
+            check_vocabulary(tokenizer.vocab_size(), &config)?;
             let weights = SafetensorsDir::open(path)?;
             (
                 Model::load_with(&config, &weights, options.weights, device, progress)?,
@@ -110,13 +110,19 @@ pub fn load_pretrained<B: ModelBackend>(
         ModelFormat::Gguf => {
             let gguf = GgufModel::open(path)?;
             let config = gguf.config(options.strict)?;
-            let tokenizer = Tokenizer::from_json(&gguf.tokenizer_json()?.to_string())?
-                .with_chat_template(
-                    gguf.chat_template(),
-                    gguf.special_token("tokenizer.ggml.bos_token_id"),
-                    gguf.special_token("tokenizer.ggml.eos_token_id"),
-                );
-            check_vocabulary(&tokenizer, &config)?;
+            check_vocabulary(gguf.vocabulary_len(), &config)?;
+            // Building a 128k-token vocabulary takes one core half a second: it runs beside the
+            // weights' repack.
+            let (tokenizer, model) = std::thread::scope(|s| {
+                let tokenizer = s.spawn(|| gguf_tokenizer(&gguf));
+                let model = Model::load_with(&config, &gguf, options.weights, device, progress);
+                let tokenizer = tokenizer.join().unwrap_or_else(|panic| {
+                    std::panic::resume_unwind(panic);
+                });
+                (tokenizer, model)
+            });
+            let (tokenizer, model) = (tokenizer?, model?);
+            check_vocabulary(tokenizer.vocab_size(), &config)?;
             stored_matrix_bytes = Some(
                 gguf.header()
                     .tensors
@@ -125,10 +131,7 @@ pub fn load_pretrained<B: ModelBackend>(
                     .map(|t| t.range.len())
                     .sum(),
             );
-            (
-                Model::load_with(&config, &gguf, options.weights, device, progress)?,
-                tokenizer,
-            )
+            (model, tokenizer)
         }
     };
     let model = model.with_activations(options.activations)?;
@@ -141,10 +144,20 @@ pub fn load_pretrained<B: ModelBackend>(
     })
 }
 
-/// A tokenizer whose ids run past the model's embedding rows belongs to another model: its tokens
-/// would index rows that do not exist. Checked before any weight is read.
-fn check_vocabulary(tokenizer: &Tokenizer, config: &ModelConfig) -> Result<()> {
-    let tokens = tokenizer.vocab_size();
+/// The tokenizer of a GGUF file: its vocabulary, merges and chat template.
+fn gguf_tokenizer(gguf: &GgufModel) -> Result<Tokenizer> {
+    Ok(
+        Tokenizer::from_json_value(gguf.tokenizer_json()?)?.with_chat_template(
+            gguf.chat_template(),
+            gguf.special_token("tokenizer.ggml.bos_token_id"),
+            gguf.special_token("tokenizer.ggml.eos_token_id"),
+        ),
+    )
+}
+
+/// A tokenizer of `tokens` tokens whose ids run past the model's embedding rows belongs to another
+/// model: its tokens would index rows that do not exist. Checked before any weight is read.
+fn check_vocabulary(tokens: usize, config: &ModelConfig) -> Result<()> {
     if tokens > config.vocab_size {
         return Err(ModelError::Tokenizer(format!(
             "the tokenizer has {tokens} tokens but the model's vocabulary has {} rows: the \

@@ -126,6 +126,12 @@ impl Tokenizer {
         // that value; anything else it might panic on is caught.
         let value: serde_json::Value = serde_json::from_str(json)
             .map_err(|e| ModelError::Tokenizer(format!("invalid tokenizer.json: {e}")))?;
+        Self::from_json_value(value)
+    }
+
+    /// Builds a tokenizer from a `tokenizer.json` already read as JSON (a GGUF's vocabulary
+    /// becomes one without passing through text).
+    pub fn from_json_value(value: serde_json::Value) -> Result<Self> {
         let parsed =
             std::panic::catch_unwind(|| serde_json::from_value::<tokenizers::Tokenizer>(value))
                 .map_err(|_| {

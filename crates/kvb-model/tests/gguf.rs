@@ -3,10 +3,13 @@
 
 mod common;
 
-use common::{llama_gguf, random_weights, tiny_llama_config, write_safetensors, B};
+use common::{
+    llama_gguf, llama_gguf_with, random_weights, tiny_llama_config, write_safetensors, GgufStorage,
+    Meta, B,
+};
 use kvb_model::gguf::{GgufHeader, GgufModel};
 use kvb_model::weights::SafetensorsDir;
-use kvb_model::{LogitsFor, Model, ModelConfig};
+use kvb_model::{load_pretrained, LoadOptions, LogitsFor, Model, ModelConfig};
 use proptest::prelude::*;
 use std::path::Path;
 
@@ -133,5 +136,49 @@ proptest! {
         }
         // Either it parses (a flip in a value) or it is an error; it must never panic.
         let _ = GgufHeader::parse(&bytes, Path::new("fuzz.gguf"));
+    }
+}
+
+/// A GGUF whose vocabulary lists more tokens than the model has embedding rows is refused,
+/// naming both counts; one that fits loads, its tokenizer built beside the weights.
+#[test]
+fn a_gguf_vocabulary_longer_than_the_embedding_is_refused() {
+    let config = ModelConfig::from_json(&tiny_llama_config(2), true).unwrap();
+    let weights = random_weights(&config, 9);
+    let dir = tempfile::tempdir().unwrap();
+    for tokens in [config.vocab_size, config.vocab_size + 1] {
+        let mut pieces: Vec<String> = ["<unk>", "<s>", "</s>"].map(String::from).to_vec();
+        pieces.extend((0..=255u8).map(|b| format!("<0x{b:02X}>")));
+        pieces.extend((pieces.len()..tokens).map(|i| format!("t{i}")));
+        let types = (0..tokens).map(|i| if i < 3 { 3 } else { 1 }).collect();
+        let vocabulary = vec![
+            Meta::Str("tokenizer.ggml.model", "llama".into()),
+            Meta::F32Array("tokenizer.ggml.scores", vec![0.0; tokens]),
+            Meta::I32Array("tokenizer.ggml.token_type", types),
+            Meta::StrArray("tokenizer.ggml.tokens", pieces),
+        ];
+        let path = dir.path().join(format!("v{tokens}.gguf"));
+        let file = llama_gguf_with(&config, &weights, GgufStorage::F32, vocabulary);
+        std::fs::write(&path, file).unwrap();
+        let loaded = load_pretrained::<B>(
+            &path,
+            LoadOptions::default(),
+            &Default::default(),
+            &mut |_, _| {},
+        );
+        match loaded {
+            Ok(m) if tokens <= config.vocab_size => {
+                assert_eq!(m.tokenizer.vocab_size(), tokens);
+            }
+            Ok(_) => panic!("a vocabulary of {tokens} tokens loaded"),
+            Err(e) => assert!(
+                tokens > config.vocab_size
+                    && e.to_string().contains(&format!(
+                        "the tokenizer has {tokens} tokens but the model's vocabulary has {} rows",
+                        config.vocab_size
+                    )),
+                "{tokens} tokens: {e}"
+            ),
+        }
     }
 }

@@ -429,6 +429,16 @@ pub fn llama_gguf_as(
     tensors: &[(String, Vec<usize>, Vec<f32>)],
     storage: GgufStorage,
 ) -> Vec<u8> {
+    llama_gguf_with(c, tensors, storage, Vec::new())
+}
+
+/// [`llama_gguf_as`] with `extra` metadata (a vocabulary, say) after the model's.
+pub fn llama_gguf_with(
+    c: &kvb_model::ModelConfig,
+    tensors: &[(String, Vec<usize>, Vec<f32>)],
+    storage: GgufStorage,
+    extra: Vec<Meta>,
+) -> Vec<u8> {
     let converted: Vec<(String, Vec<usize>, Vec<f32>)> = tensors
         .iter()
         .map(|(n, s, d)| {
@@ -457,5 +467,6 @@ pub fn llama_gguf_as(
         ),
         Meta::U32("tokenizer.ggml.eos_token_id", 1),
     ];
+    let meta: Vec<Meta> = meta.into_iter().chain(extra).collect();
     gguf_bytes_as(&meta, &converted, storage)
 }

@@ -103,6 +103,16 @@ impl GgufModel {
         tokenizer::tokenizer_json(&self.header)
     }
 
+    /// How many tokens `tokenizer.ggml.tokens` lists (0 where it lists none), known before the
+    /// tokenizer is built.
+    pub fn vocabulary_len(&self) -> usize {
+        self.header
+            .metadata
+            .get("tokenizer.ggml.tokens")
+            .and_then(|v| v.as_array())
+            .map_or(0, |tokens| tokens.len())
+    }
+
     /// The chat template stored in the file, if any.
     pub fn chat_template(&self) -> Option<String> {
         self.header
