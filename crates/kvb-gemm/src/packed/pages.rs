@@ -1,4 +1,4 @@
-//! The bytes of a packed matrix. A decode step streams every weight once, so large matrices
+//! The bytes of a packed matrix (and of its 8-bit-activation layout). A decode step streams every weight once, so large matrices
 //! live in an anonymous map that asks the kernel for huge pages (where it hands them out on
 //! request, as Linux does by default): 512x fewer page faults while they are filled at load
 //! and fewer TLB misses per step. Small ones, and any map the system refuses, are a `Vec`.
