@@ -72,11 +72,12 @@ fn request(choice: Value, seed: u64) -> Value {
         "tools": tools(), "tool_choice": choice})
 }
 
-/// A streamed answer: its content, its calls (name, arguments: the pieces joined), how many
-/// pieces they came in, and its finish reason.
+/// A streamed answer: its content, its calls (name, arguments: the pieces joined) and their
+/// ids, how many pieces they came in, and its finish reason.
 struct Streamed {
     content: String,
     calls: Vec<(String, String)>,
+    ids: Vec<String>,
     pieces: usize,
     finish: String,
 }
@@ -87,6 +88,7 @@ fn streamed(s: &Server, body: &Value) -> Streamed {
     let mut out = Streamed {
         content: String::new(),
         calls: Vec::new(),
+        ids: Vec::new(),
         pieces: 0,
         finish: String::new(),
     };
@@ -106,7 +108,10 @@ fn streamed(s: &Server, body: &Value) -> Streamed {
             let f = &call["function"];
             // A call's first piece has its id, type and name; later pieces only arguments.
             if let Some(id) = call["id"].as_str() {
-                assert!(id.starts_with("call"));
+                // The server's, or the model's own (Mistral v11: nine letters and digits).
+                let own = id.len() == 9 && id.bytes().all(|b| b.is_ascii_alphanumeric());
+                assert!(id.starts_with("call") || own, "{id}");
+                out.ids.push(id.to_string());
                 assert_eq!(call["type"], "function");
                 assert_eq!(index, out.calls.len(), "calls start in order");
                 out.calls
@@ -344,6 +349,25 @@ fn a_mistral_v11_template_gets_named_calls_and_answers_in_them() {
     );
     forced_calls_fit(&s, 1);
     auto_answers_fit(&s, 2, "[");
+    // The model's own call ids come back, streamed or whole: the next turn's prompt then
+    // repeats the tokens it wrote. (One call: asked for several, a 135M model repeats its
+    // call to the token limit.)
+    let mut body = request(json!("required"), 0);
+    body["parallel_tool_calls"] = json!(false);
+    let (_, v) = post(&s, &body);
+    let whole: Vec<&str> = v["choices"][0]["message"]["tool_calls"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{v}"))
+        .iter()
+        .map(|c| c["id"].as_str().unwrap())
+        .collect();
+    assert!(
+        whole
+            .iter()
+            .all(|id| id.len() == 9 && id.bytes().all(|b| b.is_ascii_alphanumeric())),
+        "{v}"
+    );
+    assert_eq!(streamed(&s, &body).ids, whole);
 }
 
 /// Forced calls (`required`, a named function) on `s` with `seeds` seeds: each fits its

@@ -667,7 +667,7 @@ fn chat_choice(app: &AppState, job: &Job, index: usize, r: &GenerationResult) ->
                     calls
                         .iter()
                         .map(|c| ToolCallOut {
-                            id: app.new_id("call"),
+                            id: c.id.clone().unwrap_or_else(|| app.new_id("call")),
                             kind: "function",
                             function: c.clone().into(),
                         })
@@ -789,8 +789,13 @@ impl StreamState {
         for piece in pieces {
             let e = match piece {
                 StreamPiece::Text(text) => self.chunk(index, Some(text), false, None, token),
-                StreamPiece::CallStart { index: call, name } => {
-                    self.call_chunk(index, call, Some(name), String::new())
+                StreamPiece::CallStart {
+                    index: call,
+                    name,
+                    id,
+                } => {
+                    let id = id.unwrap_or_else(|| self.app.new_id("call"));
+                    self.call_chunk(index, call, Some((name, id)), String::new())
                 }
                 StreamPiece::Arguments { index: call, text } => {
                     self.call_chunk(index, call, None, text)
@@ -801,17 +806,18 @@ impl StreamState {
     }
 
     /// A chat chunk with a piece of copy `index`'s call `call`: its first (with the function's
-    /// `name`) or more of its `arguments`.
+    /// name and the call's id) or more of its `arguments`.
     fn call_chunk(
         &self,
         index: usize,
         call: usize,
-        name: Option<String>,
+        start: Option<(String, String)>,
         arguments: String,
     ) -> SseEvent {
+        let (name, id) = start.unzip();
         let delta = ToolCallDelta {
             index: call as u32,
-            id: name.as_ref().map(|_| self.app.new_id("call")),
+            id,
             kind: name.as_ref().map(|_| "function"),
             function: FunctionCallDelta { name, arguments },
         };

@@ -9,8 +9,13 @@ use super::tools::{AnswerStart, ParsedCall, ToolFormat, Tools, OPEN};
 pub enum StreamPiece {
     /// Text of the answer.
     Text(String),
-    /// Call `index` begins: its function's name (its arguments follow).
-    CallStart { index: usize, name: String },
+    /// Call `index` begins: its function's name, and the call id the model wrote, if it wrote
+    /// one (its arguments follow).
+    CallStart {
+        index: usize,
+        name: String,
+        id: Option<String>,
+    },
     /// More of call `index`'s arguments: the pieces joined are its arguments' JSON text.
     Arguments { index: usize, text: String },
 }
@@ -123,12 +128,12 @@ impl ToolStream {
                 // Mistral's v11 calls: the name (and markers, id) before the arguments' `{`.
                 Scan::Between if matches!(self.format, ToolFormat::MistralNamed(_)) => {
                     let Some(open) = rest.find('{') else { return };
-                    let Some(name) = tools.named_call(&rest[..open]) else {
+                    let Some((name, id)) = tools.named_call(&rest[..open]) else {
                         self.scan = Scan::Whole;
                         continue;
                     };
                     self.scanned += open;
-                    self.begin_arguments(name, out);
+                    self.begin_arguments(name, id, out);
                 }
                 Scan::Between => match rest.find('{') {
                     Some(i) => {
@@ -148,7 +153,7 @@ impl ToolStream {
                             continue;
                         }
                         self.scanned = start + arguments_at;
-                        self.begin_arguments(name, out);
+                        self.begin_arguments(name, None, out);
                     }
                 },
                 Scan::Arguments { index, .. } => {
@@ -179,11 +184,12 @@ impl ToolStream {
     }
 
     /// Call `name` begins, its arguments at the scan's place.
-    fn begin_arguments(&mut self, name: String, out: &mut Vec<StreamPiece>) {
+    fn begin_arguments(&mut self, name: String, id: Option<String>, out: &mut Vec<StreamPiece>) {
         let index = self.streamed.len();
         out.push(StreamPiece::CallStart {
             index,
             name: name.clone(),
+            id,
         });
         self.streamed.push((name, 0));
         self.scan = Scan::Arguments {
@@ -203,7 +209,15 @@ impl ToolStream {
             };
         };
         let mut out = Vec::new();
-        for (index, ParsedCall { name, arguments }) in calls.into_iter().enumerate() {
+        for (
+            index,
+            ParsedCall {
+                name,
+                arguments,
+                id,
+            },
+        ) in calls.into_iter().enumerate()
+        {
             match self.streamed.get(index) {
                 // Begun in pieces: the rest of its arguments, if any.
                 Some((_, sent)) => {
@@ -215,7 +229,7 @@ impl ToolStream {
                     }
                 }
                 None => {
-                    out.push(StreamPiece::CallStart { index, name });
+                    out.push(StreamPiece::CallStart { index, name, id });
                     out.push(StreamPiece::Arguments {
                         index,
                         text: arguments,
@@ -365,9 +379,9 @@ mod tests {
         Tools::two_functions(choice, true, format)
     }
 
-    /// `text` pushed in pieces of `size` bytes (on character boundaries), then finished: the
-    /// content sent, and each call's name and arguments as the pieces join them.
-    fn stream(t: &Tools, text: &str, size: usize) -> (String, Vec<(String, String)>, Finished) {
+    /// `text` pushed in pieces of `size` bytes (on character boundaries), then finished: every
+    /// piece that went out, and how it finished.
+    fn pieces(t: &Tools, text: &str, size: usize) -> (Vec<StreamPiece>, Finished) {
         let mut s = ToolStream::new(t);
         let mut pieces = Vec::new();
         let mut rest = text;
@@ -383,11 +397,17 @@ mod tests {
         if let Finished::Calls(more) = &finished {
             pieces.extend(more.iter().cloned());
         }
+        (pieces, finished)
+    }
+
+    /// [`pieces`]: the content sent, and each call's name and arguments as the pieces join them.
+    fn stream(t: &Tools, text: &str, size: usize) -> (String, Vec<(String, String)>, Finished) {
+        let (pieces, finished) = pieces(t, text, size);
         let (mut content, mut calls) = (String::new(), Vec::<(String, String)>::new());
         for p in pieces {
             match p {
                 StreamPiece::Text(t) => content += &t,
-                StreamPiece::CallStart { index, name } => {
+                StreamPiece::CallStart { index, name, .. } => {
                     assert_eq!(index, calls.len(), "calls start in order");
                     calls.push((name, String::new()));
                 }
@@ -395,6 +415,18 @@ mod tests {
             }
         }
         (content, calls, finished)
+    }
+
+    /// [`pieces`]: the ids the calls start with.
+    fn streamed_ids(t: &Tools, text: &str, size: usize) -> Vec<Option<String>> {
+        let (pieces, _) = pieces(t, text, size);
+        pieces
+            .into_iter()
+            .filter_map(|p| match p {
+                StreamPiece::CallStart { id, .. } => Some(id),
+                _ => None,
+            })
+            .collect()
     }
 
     /// Pieces of any size join to the calls the whole answer parses to, arguments as written
@@ -433,7 +465,8 @@ mod tests {
             [
                 StreamPiece::CallStart {
                     index: 0,
-                    name: "add".into()
+                    name: "add".into(),
+                    id: None,
                 },
                 StreamPiece::Arguments {
                     index: 0,
@@ -561,6 +594,16 @@ mod tests {
                     "size {size}: {text}"
                 );
                 assert_eq!(finished, Finished::Calls(Vec::new()), "all sent in pieces");
+                // The model's own call ids go out as the calls' ids.
+                let want_ids = match ids {
+                    true => vec![Some("abcdefghi".into()), Some("123456789".into())],
+                    false => vec![None, None],
+                };
+                assert_eq!(
+                    streamed_ids(&t, text, size),
+                    want_ids,
+                    "size {size}: {text}"
+                );
             }
             for answer in ["added {x} today", "It is {sunny}", "get_weather {}"] {
                 let (content, calls, _) = stream(&t, answer, 2);

@@ -185,6 +185,8 @@ pub struct ParsedCall {
     pub name: String,
     /// Its arguments, as JSON text.
     pub arguments: String,
+    /// The call id the model wrote (Mistral v11's); else the server names the call.
+    pub id: Option<String>,
 }
 
 fn bad(message: impl Into<String>, param: &str) -> ApiError {
@@ -610,15 +612,16 @@ impl Tools {
         start
     }
 
-    /// The function a [`ToolFormat::MistralNamed`] call names, from `head`: what comes before
-    /// its arguments' `{` (after the previous call), with its markers where they are text and
-    /// its call id; `None` unless it names a function offered.
-    pub(super) fn named_call(&self, head: &str) -> Option<String> {
+    /// The function a [`ToolFormat::MistralNamed`] call names, and the call id the model wrote
+    /// where the template writes ids, from `head`: what comes before its arguments' `{` (after
+    /// the previous call), with its markers where they are text; `None` unless it names a
+    /// function offered.
+    pub(super) fn named_call(&self, head: &str) -> Option<(String, Option<String>)> {
         let head = head.trim_start();
         let head = head.strip_prefix(MISTRAL_CALLS).unwrap_or(head);
         let head = head.strip_suffix(MISTRAL_ARGS).unwrap_or(head);
-        let name = match (head.split_once(MISTRAL_CALL_ID), self.format) {
-            (Some((name, _)), _) => name,
+        let (name, id) = match (head.split_once(MISTRAL_CALL_ID), self.format) {
+            (Some((name, id)), _) => (name, Some(id)),
             // The id's marker is a control token, left out of the text: the id follows the name.
             (
                 None,
@@ -626,10 +629,14 @@ impl Tools {
                     call_id: Some(Some(_)),
                     ..
                 }),
-            ) => head.get(..head.len().checked_sub(MISTRAL_ID_LEN)?)?,
-            (None, _) => head,
+            ) => {
+                let at = head.len().checked_sub(MISTRAL_ID_LEN)?;
+                (head.get(..at)?, head.get(at..))
+            }
+            (None, _) => (head, None),
         };
-        self.offers(name).then(|| name.to_string())
+        self.offers(name)
+            .then(|| (name.to_string(), id.map(str::to_string)))
     }
 
     /// Whether `name` is a function offered.
@@ -659,7 +666,11 @@ impl Tools {
             Some(b'"') => serde_json::from_str::<String>(raw).ok()?,
             _ => return None,
         };
-        Some(ParsedCall { name, arguments })
+        Some(ParsedCall {
+            name,
+            arguments,
+            id: None,
+        })
     }
 
     /// The calls in `text`, with the text before the first; `None` when it makes none, or
@@ -690,12 +701,16 @@ impl Tools {
                 let mut rest = text.trim_start();
                 while !rest.is_empty() {
                     let open = rest.find('{')?;
-                    let name = self.named_call(&rest[..open])?;
+                    let (name, id) = self.named_call(&rest[..open])?;
                     let mut values = serde_json::Deserializer::from_str(&rest[open..])
                         .into_iter::<&serde_json::value::RawValue>();
                     let arguments = values.next()?.ok()?.get().to_string();
                     rest = rest[open + values.byte_offset()..].trim_start();
-                    calls.push(ParsedCall { name, arguments });
+                    calls.push(ParsedCall {
+                        name,
+                        arguments,
+                        id,
+                    });
                 }
                 return (!calls.is_empty()).then_some((None, calls));
             }
@@ -768,6 +783,7 @@ mod tests {
         ParsedCall {
             name: name.into(),
             arguments: arguments.into(),
+            id: None,
         }
     }
 
@@ -963,7 +979,13 @@ mod tests {
         for (tokens, ids, text) in answers {
             let format = ToolFormat::MistralNamed(NamedMarkers::for_tests(tokens, ids));
             let t = in_format(Choice::Auto, true, format);
-            assert_eq!(t.parse(text), Some((None, want.clone())), "{text}");
+            // The model's own call ids come back as the calls' ids.
+            let mut want = want.clone();
+            if ids {
+                want[0].id = Some("a1b2c3d4e".into());
+                want[1].id = Some("zzzzzzzzz".into());
+            }
+            assert_eq!(t.parse(text), Some((None, want)), "{text}");
             assert_eq!(
                 t.whole_answer_start(text.trim_start()),
                 Some(AnswerStart::Calls)
