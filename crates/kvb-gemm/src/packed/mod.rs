@@ -352,8 +352,8 @@ impl PackedMatrix {
         Ok(out)
     }
 
-    /// Stores column `j`'s weights for every column `rows` holds, group by group in parallel:
-    /// `decode(row, coded)` appends column `j`'s `k` weights to `coded` (a 1B model's Q8_0
+    /// Stores the columns of `rows` (`rows[j]` is column `j`), group by group in parallel:
+    /// `decode(row, coded)` appends that column's `k` weights to `coded` (a 1B model's Q8_0
     /// weights took 7 s on one core a column at a time).
     fn fill_groups<R: Sync>(&mut self, rows: &[R], decode: impl Fn(&R, &mut Vec<Coded>) + Sync) {
         let (values, cell_rows, k) = (self.values, self.cell_rows, self.k);
