@@ -15,11 +15,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// [`packed_matrix`]'s formats worth timing, by name.
-const FORMATS: [(usize, &str); 6] = [
+const FORMATS: [(usize, &str); 8] = [
     (5, "Q4_K"),
     (6, "Q5_K"),
     (2, "Q6_K"),
-    (0, "Q8_0"),
+    (7, "Q8_0"),
+    (0, "requantized q8_0"),
+    (8, "Q4_0"),
     (1, "Q4_1"),
     (4, "F16"),
 ];

@@ -6,9 +6,9 @@ pub fn spread(i: usize, seed: u32, scale: f32) -> f32 {
     (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 2001) as f32 - 1000.0) / scale
 }
 
-/// Formats [`packed_matrix`] builds: 0 Q8_0 (quantized from f32), 1 Q4_1, 2 Q6_K, 3 bf16,
-/// 4 f16, 5 Q4_K, 6 Q5_K.
-pub const FORMATS: usize = 7;
+/// Formats [`packed_matrix`] builds: 0 Q8_0 (quantized from f32: f32 scales), 1 Q4_1, 2 Q6_K,
+/// 3 bf16, 4 f16, 5 Q4_K, 6 Q5_K, 7 Q8_0 and 8 Q4_0 blocks as a file holds them (f16 scales).
+pub const FORMATS: usize = 9;
 
 /// A packed `[k, n]` weight of one of [`FORMATS`] formats with deterministic values, and its
 /// `k`: `blocks_per_row` cells of 32 rows (K-quants: rounded up to whole 256-weight blocks).
@@ -61,6 +61,24 @@ pub fn packed_matrix(
                 bytes.extend((0..16).map(|i| byte(b * 16 + i)));
             }
             blocks(GgmlType::Q4_1, bytes)
+        }
+        (7, _) => {
+            // 8-bit values of either sign, the scale's sign varying too.
+            let mut bytes = Vec::new();
+            for b in 0..n * k / CELL_ROWS {
+                let sign = if b % 4 == 3 { -1.0 } else { 1.0 };
+                bytes.extend(f16(sign * (0.001 + (b % 5) as f32 * 0.0002)));
+                bytes.extend((0..32).map(|i| byte(b * 32 + i)));
+            }
+            blocks(GgmlType::Q8_0, bytes)
+        }
+        (8, _) => {
+            let mut bytes = Vec::new();
+            for b in 0..n * k / CELL_ROWS {
+                bytes.extend(f16(0.02 + (b % 6) as f32 * 0.004));
+                bytes.extend((0..16).map(|i| byte(b * 16 + i)));
+            }
+            blocks(GgmlType::Q4_0, bytes)
         }
         (_, Some(GgmlType::Q6_K)) => {
             let mut bytes = Vec::new();

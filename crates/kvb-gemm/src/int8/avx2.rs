@@ -8,9 +8,9 @@
 //! are taken back to signed (`u - 128`) and multiplied as `|q|` times `x` with `q`'s sign moved
 //! onto `x` (`vpsignb`), at most 32,512 per pair: widened at every step.
 
-use super::matrix::HEAD;
 use super::products::MAX_TILE_ROWS;
 use super::{IntDotMatrix, QuantizedRows, BLOCK, LANES};
+use crate::packed::head_lanes;
 use std::arch::x86_64::*;
 
 /// Rows one pass keeps in registers: an i32 sum and an f32 output per row per half, 16
@@ -21,7 +21,7 @@ const PASS_ROWS: usize = 2;
 /// at `r * 16`), in passes of up to 2 rows over the group's blocks.
 ///
 /// # Safety
-/// The CPU has AVX2 and FMA; `a` holds rows `r0..r0 + rows` of width `w.k`; `g` is a group of
+/// The CPU has AVX2, FMA and F16C; `a` holds rows `r0..r0 + rows` of width `w.k`; `g` is a group of
 /// `w`; `out` holds `rows * 16` values.
 pub(super) unsafe fn tile(
     a: &QuantizedRows,
@@ -53,7 +53,7 @@ unsafe fn four(q: *const i8, at: usize) -> __m256i {
     _mm256_set1_epi32((q.add(at) as *const i32).read_unaligned())
 }
 
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn run<const R: usize, const NIBBLES: bool, const OFFSETS: bool>(
     a: &QuantizedRows,
     r0: usize,
@@ -62,16 +62,16 @@ unsafe fn run<const R: usize, const NIBBLES: bool, const OFFSETS: bool>(
     out: &mut [f32],
 ) {
     let (k, blocks) = (a.k, a.k / BLOCK);
-    let block_bytes = w.block_bytes();
-    let group = w.group(g);
+    let (head_bytes, value_bytes) = (w.head_bytes(), w.value_bytes());
+    let (heads, group) = w.group(g);
     let q = a.q.as_ptr().add(r0 * k);
     let low = _mm256_set1_epi8(0x0f);
     let flip = _mm256_set1_epi8(-128);
     let ones = _mm256_set1_epi16(1);
     let mut y = [[_mm256_setzero_ps(); 2]; R];
     for b in 0..blocks {
-        let block = group.as_ptr().add(b * block_bytes);
-        let values = block.add(HEAD);
+        let head = heads.as_ptr().add(b * head_bytes);
+        let values = group.as_ptr().add(b * value_bytes);
         let mut acc = [[_mm256_setzero_si256(); 2]; R];
         for (half, o) in [0usize, 32].into_iter().enumerate() {
             if NIBBLES {
@@ -104,8 +104,7 @@ unsafe fn run<const R: usize, const NIBBLES: bool, const OFFSETS: bool>(
             }
         }
         for half in 0..2 {
-            let scales = _mm256_loadu_ps((block as *const f32).add(8 * half));
-            let offsets = _mm256_loadu_ps((block as *const f32).add(LANES + 8 * half));
+            let (scales, offsets) = head_lanes(w.scales, head, LANES, 8 * half);
             for r in 0..R {
                 let at = (r0 + r) * blocks + b;
                 let dx = _mm256_set1_ps(*a.scale.get_unchecked(at));

@@ -3,9 +3,9 @@
 //! unsigned bytes times the row's signed bytes), scaled into an f32 output per row, both in
 //! registers for the whole reduction. The same steps as [`super::products::portable`].
 
-use super::matrix::HEAD;
 use super::products::{MAX_TILE_ROWS, PAIR_ROWS};
 use super::{IntDotMatrix, QuantizedRows, BLOCK, LANES};
+use crate::packed::Scales;
 use std::arch::x86_64::*;
 
 /// Rows `r0..r0 + rows` of `a` against `groups` adjacent groups of `w` from `g` (1 group and
@@ -71,7 +71,7 @@ unsafe fn four(q: *const i8, at: usize) -> __m512i {
     _mm512_set1_epi32((q.add(at) as *const i32).read_unaligned())
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
 unsafe fn run<const R: usize, const G: usize, const NIBBLES: bool, const OFFSETS: bool>(
     a: &QuantizedRows,
     r0: usize,
@@ -81,21 +81,24 @@ unsafe fn run<const R: usize, const G: usize, const NIBBLES: bool, const OFFSETS
     out: &mut [f32],
 ) {
     let (k, blocks) = (a.k, a.k / BLOCK);
-    let block_bytes = w.block_bytes();
-    let group: [*const u8; G] = std::array::from_fn(|j| w.group(g + j).as_ptr());
+    let (head_bytes, value_bytes) = (w.head_bytes(), w.value_bytes());
+    let heads: [*const u8; G] = std::array::from_fn(|j| w.group(g + j).0.as_ptr());
+    let group: [*const u8; G] = std::array::from_fn(|j| w.group(g + j).1.as_ptr());
     let q = a.q.as_ptr().add(r0 * k);
     let low = _mm512_set1_epi8(0x0f);
     let mut y = [[_mm512_setzero_ps(); G]; R];
     for b in 0..blocks {
-        let block: [*const u8; G] = std::array::from_fn(|j| group[j].add(b * block_bytes));
+        let block: [*const u8; G] = std::array::from_fn(|j| group[j].add(b * value_bytes));
         if prefetch {
-            for start in block {
-                // Past the group's end this is the next group's start (groups are contiguous),
+            for (j, start) in block.into_iter().enumerate() {
+                // Past the values' end this is the next group's heads (groups are contiguous),
                 // and a prefetch never faults.
-                let ahead = start.wrapping_add(AHEAD * block_bytes);
-                for line in (0..block_bytes).step_by(64) {
+                let ahead = start.wrapping_add(AHEAD * value_bytes);
+                for line in (0..value_bytes).step_by(64) {
                     _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8);
                 }
+                let head_ahead = heads[j].wrapping_add((b + AHEAD) * head_bytes);
+                _mm_prefetch::<_MM_HINT_T0>(head_ahead as *const i8);
             }
         }
         let at = |r: usize| (r0 + r) * blocks + b;
@@ -105,7 +108,7 @@ unsafe fn run<const R: usize, const G: usize, const NIBBLES: bool, const OFFSETS
                 let mut lo = [_mm512_setzero_si512(); G];
                 let mut hi = [_mm512_setzero_si512(); G];
                 for j in 0..G {
-                    let v = _mm512_loadu_si512(block[j].add(HEAD + 64 * c) as *const _);
+                    let v = _mm512_loadu_si512(block[j].add(64 * c) as *const _);
                     lo[j] = _mm512_and_si512(v, low);
                     hi[j] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
                 }
@@ -124,9 +127,8 @@ unsafe fn run<const R: usize, const G: usize, const NIBBLES: bool, const OFFSETS
                 acc.iter_mut().for_each(|a| *a = correction);
             }
             for t in 0..8 {
-                let v: [__m512i; G] = std::array::from_fn(|j| {
-                    _mm512_loadu_si512(block[j].add(HEAD + 64 * t) as *const _)
-                });
+                let v: [__m512i; G] =
+                    std::array::from_fn(|j| _mm512_loadu_si512(block[j].add(64 * t) as *const _));
                 for (r, acc) in acc.iter_mut().enumerate() {
                     let x = four(q, r * k + b * BLOCK + 4 * t);
                     for j in 0..G {
@@ -136,8 +138,7 @@ unsafe fn run<const R: usize, const G: usize, const NIBBLES: bool, const OFFSETS
             }
         }
         for j in 0..G {
-            let scales = _mm512_loadu_ps(block[j] as *const f32);
-            let offsets = _mm512_loadu_ps(block[j].add(LANES * 4) as *const f32);
+            let (scales, offsets) = head(w.scales, heads[j].add(b * head_bytes));
             for r in 0..R {
                 let dx = _mm512_set1_ps(*a.scale.get_unchecked(at(r)));
                 let sum = _mm512_cvtepi32_ps(acc[r][j]);
@@ -153,5 +154,24 @@ unsafe fn run<const R: usize, const G: usize, const NIBBLES: bool, const OFFSETS
         for (j, y) in y.iter().enumerate() {
             _mm512_storeu_ps(out.as_mut_ptr().add((r * G + j) * LANES), *y);
         }
+    }
+}
+
+/// The 16 columns' scales and offsets of the head at `p`, as [`Scales::read_of`] gives them.
+#[inline]
+#[target_feature(enable = "avx512f,f16c")]
+unsafe fn head(scales: Scales, p: *const u8) -> (__m512, __m512) {
+    let halves = |at: usize| _mm512_cvtph_ps(_mm256_loadu_si256(p.add(at) as *const __m256i));
+    match scales {
+        Scales::F32 => (
+            _mm512_loadu_ps(p as *const f32),
+            _mm512_loadu_ps((p as *const f32).add(LANES)),
+        ),
+        Scales::Half => (halves(0), halves(2 * LANES)),
+        Scales::HalfCentred => {
+            let d = halves(0);
+            (d, _mm512_mul_ps(_mm512_set1_ps(-8.0), d))
+        }
+        Scales::HalfOnly => (halves(0), _mm512_set1_ps(-0.0)),
     }
 }

@@ -1,32 +1,34 @@
 //! A packed integer weight re-laid out for byte dot products: columns in groups of 16 (one
-//! vector of i32 sums), each group's reduction in blocks of 32 rows. A block holds the 16
-//! columns' scales (f32), their offsets (f32), then the values as unsigned bytes, 4 reduction
+//! vector of i32 sums), each group's reduction in blocks of 32 rows. A group holds first the
+//! heads of its blocks, then their values. A head is the 16 columns' scales and offsets as the
+//! packed weight keeps them ([`Scales`]: the file's f16 numbers for Q4_0, Q4_1 and Q8_0, so the
+//! matrix is the file's size; f32 for `--weights q8_0`). Values are unsigned bytes, 4 reduction
 //! rows per column side by side (what `vpdpbusd` multiplies into one i32 lane):
-//! - 4-bit values (Q4_0, Q4_1, Q4_K): 4 runs of 64 bytes; byte `lane * 4 + i` of run `c` holds
-//!   row `4c + i` in its low nibble and row `16 + 4c + i` in its high nibble;
-//! - 8-bit values (Q8_0, Q5_K, `--weights q8_0`): 8 runs of 64 bytes; byte `lane * 4 + i` of run
-//!   `t` holds row `4t + i` as `q + 128` (the products subtract 128 times the activations' block
+//! - 4-bit values (Q4_0, Q4_1): 4 runs of 64 bytes; byte `lane * 4 + i` of run `c` holds row
+//!   `4c + i` in its low nibble and row `16 + 4c + i` in its high nibble;
+//! - 8-bit values (Q8_0, `--weights q8_0`): 8 runs of 64 bytes; byte `lane * 4 + i` of run `t`
+//!   holds row `4t + i` as `q + 128` (the products subtract 128 times the activations' block
 //!   sum, exactly, in integers).
 //!
-//! A group's blocks are consecutive and groups follow one another, so a product reads a range
-//! of columns as one stream. Same bytes per weight as [`PackedMatrix`].
+//! Heads apart from values keep every run of values on whole cache lines (a 34-byte Q8_0 block
+//! per column would split them). Groups follow one another, so a product reads a range of
+//! columns as two streams, heads and values.
 //!
 //! K-quant cells (Q4_K, Q5_K, Q6_K) are not re-laid out: their products read the cells as
 //! loaded, at the file's bits ([`super::kcells`]), and the matrix shares them.
 
 use super::{BLOCK, LANES};
-use crate::packed::{CellValues, PackedMatrix, Pages};
+use crate::packed::{CellValues, PackedMatrix, Pages, Scales};
 use rayon::prelude::*;
 use std::sync::Arc;
-
-/// Bytes of a block's scales and offsets.
-pub(super) const HEAD: usize = 2 * LANES * 4;
 
 /// A `[k, n]` weight for 8-bit activation products (see the module doc).
 #[derive(Clone)]
 pub struct IntDotMatrix {
     /// 4-bit values (else 8-bit).
     pub(super) nibbles: bool,
+    /// How the heads hold the scales and offsets.
+    pub(super) scales: Scales,
     /// Whether any block has a nonzero offset (Q4_1, Q4_K); without, products skip the term.
     pub(super) has_offsets: bool,
     pub(super) k: usize,
@@ -67,6 +69,7 @@ impl IntDotMatrix {
         if p.cell_values().is_k_quant() {
             return Some(IntDotMatrix {
                 nibbles: false,
+                scales: Scales::F32,
                 has_offsets: false,
                 k: p.k(),
                 n: p.n(),
@@ -75,24 +78,34 @@ impl IntDotMatrix {
                 kcells: Some(p.clone()),
             });
         }
-        let nibbles = matches!(p.cell_values(), CellValues::Nibbles(_) | CellValues::Q4K);
+        let (nibbles, scales) = match p.cell_values() {
+            CellValues::Nibbles(s) => (true, s),
+            CellValues::Bytes(s) => (false, s),
+            _ => return None,
+        };
         let (k, n) = (p.k(), p.n());
         let blocks = k / BLOCK;
-        let block_bytes = Self::block_bytes_of(nibbles);
-        let mut data = Pages::zeroed(n.div_ceil(LANES) * blocks * block_bytes);
+        let (head, values) = (scales.head_bytes_of(LANES), Self::value_bytes_of(nibbles));
+        let mut data = Pages::zeroed(n.div_ceil(LANES) * blocks * (head + values));
         // Group by group in parallel (a 1B model's Q8_0 weights took 6 s on one core): whether
         // any block has an offset, or `None` where a block is not 32 integers.
         let has_offsets = data
-            .par_chunks_mut(blocks * block_bytes)
+            .par_chunks_mut(blocks * (head + values))
             .enumerate()
             .map(|(g, group)| {
+                let (heads, group_values) = group.split_at_mut(blocks * head);
                 let mut q = [0i16; BLOCK];
                 let mut offsets = false;
                 for (lane, j) in (g * LANES..n.min((g + 1) * LANES)).enumerate() {
-                    for (b, block) in group.chunks_exact_mut(block_bytes).enumerate() {
+                    let blocks = heads
+                        .chunks_exact_mut(head)
+                        .zip(group_values.chunks_exact_mut(values));
+                    for (b, (head, values)) in blocks.enumerate() {
                         let (scale, offset) = p.stored_integers(j, b, &mut q)?;
                         offsets |= offset != 0.0;
-                        put(nibbles, block, lane, scale, offset, &q);
+                        let exact = scales.write_of(LANES, head, lane, scale, offset);
+                        debug_assert!(exact, "{scales:?} cannot hold {scale}, {offset}");
+                        put(nibbles, values, lane, &q);
                     }
                 }
                 Some(offsets)
@@ -100,6 +113,7 @@ impl IntDotMatrix {
             .try_reduce(|| false, |a, b| Some(a || b))?;
         Some(IntDotMatrix {
             nibbles,
+            scales,
             has_offsets,
             k,
             n,
@@ -109,33 +123,40 @@ impl IntDotMatrix {
         })
     }
 
-    fn block_bytes_of(nibbles: bool) -> usize {
-        HEAD + if nibbles {
+    fn value_bytes_of(nibbles: bool) -> usize {
+        if nibbles {
             BLOCK * LANES / 2
         } else {
             BLOCK * LANES
         }
     }
 
-    /// Bytes of one block of one group.
-    pub(super) fn block_bytes(&self) -> usize {
-        Self::block_bytes_of(self.nibbles)
+    /// Bytes of one block's head (its 16 columns' scales and offsets).
+    pub(super) fn head_bytes(&self) -> usize {
+        self.scales.head_bytes_of(LANES)
     }
 
-    /// The blocks of group `g` (columns `16 g..16 g + 16`), consecutive over the reduction.
-    pub(super) fn group(&self, g: usize) -> &[u8] {
-        let per_group = self.k / BLOCK * self.block_bytes();
-        &self.data[g * per_group..(g + 1) * per_group]
+    /// Bytes of one block's values.
+    pub(super) fn value_bytes(&self) -> usize {
+        Self::value_bytes_of(self.nibbles)
+    }
+
+    /// Group `g` (columns `16 g..16 g + 16`): its blocks' heads, then their values.
+    pub(super) fn group(&self, g: usize) -> (&[u8], &[u8]) {
+        let blocks = self.k / BLOCK;
+        let heads = blocks * self.head_bytes();
+        let per_group = heads + blocks * self.value_bytes();
+        self.data[g * per_group..(g + 1) * per_group].split_at(heads)
     }
 
     /// Block `b` of column `j`: its scale, offset and stored integers (as [`PackedMatrix`] holds
     /// them: 4-bit values unsigned, 8-bit values signed).
     pub(super) fn stored(&self, j: usize, b: usize) -> (f32, f32, [i32; BLOCK]) {
         let (g, lane) = (j / LANES, j % LANES);
-        let bytes = self.block_bytes();
-        let block = &self.group(g)[b * bytes..(b + 1) * bytes];
-        let f = |o: usize| f32::from_le_bytes([block[o], block[o + 1], block[o + 2], block[o + 3]]);
-        let values = &block[HEAD..];
+        let (heads, values) = self.group(g);
+        let (head, bytes) = (self.head_bytes(), self.value_bytes());
+        let (scale, offset) = self.scales.read_of(LANES, &heads[b * head..], lane);
+        let values = &values[b * bytes..(b + 1) * bytes];
         let q = std::array::from_fn(|r| {
             if self.nibbles {
                 let byte = values[((r % 16) / 4) * 64 + lane * 4 + r % 4];
@@ -144,7 +165,7 @@ impl IntDotMatrix {
                 values[(r / 4) * 64 + lane * 4 + r % 4] as i32 - 128
             }
         });
-        (f(lane * 4), f(LANES * 4 + lane * 4), q)
+        (scale, offset, q)
     }
 
     /// Column `j` (a token's embedding when the matrix is a tied embedding) as f32: the values
@@ -182,12 +203,8 @@ impl IntDotMatrix {
     }
 }
 
-/// Stores column `lane`'s `scale`, `offset` and integers `q` in `block` (one block of one group).
-fn put(nibbles: bool, block: &mut [u8], lane: usize, scale: f32, offset: f32, q: &[i16; BLOCK]) {
-    block[lane * 4..lane * 4 + 4].copy_from_slice(&scale.to_le_bytes());
-    let o = LANES * 4 + lane * 4;
-    block[o..o + 4].copy_from_slice(&offset.to_le_bytes());
-    let values = &mut block[HEAD..];
+/// Stores column `lane`'s integers `q` in `values` (one block of one group).
+fn put(nibbles: bool, values: &mut [u8], lane: usize, q: &[i16; BLOCK]) {
     for (r, &v) in q.iter().enumerate() {
         if nibbles {
             let (run, i, high) = ((r % 16) / 4, r % 4, r >= 16);

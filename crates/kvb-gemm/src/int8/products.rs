@@ -59,10 +59,11 @@ impl Kernel {
         let mut all = vec![Kernel::Portable];
         #[cfg(target_arch = "x86_64")]
         {
-            if features.isa >= crate::Isa::Avx2Fma {
+            // F16C widens the file's f16 scales (every AVX2 CPU has it).
+            if features.isa >= crate::Isa::Avx2Fma && features.f16c {
                 all.push(Kernel::Avx2);
             }
-            if features.avx512bw && features.avx512vnni {
+            if features.avx512bw && features.avx512vnni && features.f16c {
                 all.push(Kernel::Vnni512);
             }
         }

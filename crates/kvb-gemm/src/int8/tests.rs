@@ -6,10 +6,11 @@ use crate::test_values::{packed_matrix, spread};
 use proptest::prelude::*;
 use std::sync::Arc;
 
-/// The integer formats [`packed_matrix`] builds: 0 Q8_0 (8-bit, no offsets), 1 Q4_1 (4-bit
-/// with offsets), and K-quant cells as loaded: 5 Q4_K, 6 Q5_K (5-bit values), 2 Q6_K (6-bit
+/// The integer formats [`packed_matrix`] builds: 0 Q8_0 quantized here (8-bit, f32 scales, no
+/// offsets), 1 Q4_1 (4-bit, f16 scales and offsets), 7 Q8_0 and 8 Q4_0 (f16 scales; Q4_0's
+/// offsets `-8 d`), and K-quant cells as loaded: 5 Q4_K, 6 Q5_K (5-bit values), 2 Q6_K (6-bit
 /// signed values, 16-row sub-blocks).
-const INTEGER_FORMATS: [usize; 5] = [0, 1, 5, 6, 2];
+const INTEGER_FORMATS: [usize; 7] = [0, 1, 7, 8, 5, 6, 2];
 
 /// The exact product of `a`'s dequantized rows and `w`'s values, in f64.
 fn exact(a: &QuantizedRows, w: &IntDotMatrix) -> Vec<f64> {
@@ -155,6 +156,22 @@ fn k_quant_cells_are_shared_not_copied() {
             "format {format}"
         );
         assert_eq!(Arc::strong_count(&packed), 2, "format {format}");
+    }
+}
+
+/// Q4_0, Q4_1 and Q8_0 blocks re-laid out keep the file's f16 scales: as many bytes as the
+/// file's blocks (for whole groups of 16 columns).
+#[test]
+fn file_blocks_keep_the_files_size() {
+    for (format, file_block_bytes) in [(8, 18), (1, 20), (7, 34)] {
+        let (n, blocks_per_row) = (48, 8);
+        let (packed, k) = packed_matrix(format, blocks_per_row, n, 1);
+        let w = IntDotMatrix::from_packed(&Arc::new(packed)).expect("integer cells");
+        assert_eq!(
+            w.bytes(),
+            n * k / BLOCK * file_block_bytes,
+            "format {format}"
+        );
     }
 }
 

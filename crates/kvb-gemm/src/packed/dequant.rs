@@ -137,18 +137,30 @@ pub(crate) mod avx2 {
     /// [`Scales::read`] gives them. Inlined into callers compiled with AVX2 and F16C.
     #[inline(always)]
     pub(crate) unsafe fn head(scales: Scales, p: *const u8) -> (__m256, __m256) {
+        head_lanes(scales, p, GROUP, 0)
+    }
+
+    /// Lanes `first..first + 8` of a head of `lanes` columns at `p`, as [`Scales::read_of`]
+    /// gives them (the 8-bit products' heads have 16 lanes).
+    #[inline(always)]
+    pub(crate) unsafe fn head_lanes(
+        scales: Scales,
+        p: *const u8,
+        lanes: usize,
+        first: usize,
+    ) -> (__m256, __m256) {
         let halves = |at: usize| _mm256_cvtph_ps(_mm_loadu_si128(p.add(at) as *const __m128i));
         match scales {
             Scales::F32 => (
-                _mm256_loadu_ps(p as *const f32),
-                _mm256_loadu_ps(p.add(GROUP * 4) as *const f32),
+                _mm256_loadu_ps((p as *const f32).add(first)),
+                _mm256_loadu_ps((p as *const f32).add(lanes + first)),
             ),
-            Scales::Half => (halves(0), halves(GROUP * 2)),
+            Scales::Half => (halves(2 * first), halves(2 * (lanes + first))),
             Scales::HalfCentred => {
-                let d = halves(0);
+                let d = halves(2 * first);
                 (d, _mm256_mul_ps(_mm256_set1_ps(-8.0), d))
             }
-            Scales::HalfOnly => (halves(0), _mm256_set1_ps(-0.0)),
+            Scales::HalfOnly => (halves(2 * first), _mm256_set1_ps(-0.0)),
         }
     }
 

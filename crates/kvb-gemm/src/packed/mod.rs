@@ -43,7 +43,7 @@ mod pages;
 pub(crate) use pages::Pages;
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use dequant::avx2::{head, widen_floats};
+pub(crate) use dequant::avx2::{head, head_lanes, widen_floats};
 #[cfg(target_arch = "x86_64")]
 pub(crate) use dequant::avx512::{bytes16, head_pair, widen_pair};
 #[cfg(target_arch = "x86_64")]
@@ -76,10 +76,15 @@ pub enum Scales {
 impl Scales {
     /// Bytes before the values.
     pub const fn head_bytes(self) -> usize {
+        self.head_bytes_of(GROUP)
+    }
+
+    /// Bytes of a head of `lanes` columns (the 8-bit products' blocks have 16).
+    pub(crate) const fn head_bytes_of(self, lanes: usize) -> usize {
         match self {
-            Scales::F32 => 2 * GROUP * 4,
-            Scales::Half => 2 * GROUP * 2,
-            Scales::HalfCentred | Scales::HalfOnly => GROUP * 2,
+            Scales::F32 => 2 * lanes * 4,
+            Scales::Half => 2 * lanes * 2,
+            Scales::HalfCentred | Scales::HalfOnly => lanes * 2,
         }
     }
 
@@ -97,12 +102,17 @@ impl Scales {
     /// Lane `lane`'s scale and offset in `cell` (the offset exactly as the file's block
     /// defines it: `-8 * d` for Q4_0, `-0.0` for Q8_0).
     pub(crate) fn read(self, cell: &[u8], lane: usize) -> (f32, f32) {
+        self.read_of(GROUP, cell, lane)
+    }
+
+    /// [`Scales::read`] from a head of `lanes` columns.
+    pub(crate) fn read_of(self, lanes: usize, cell: &[u8], lane: usize) -> (f32, f32) {
         let f32_at =
             |o: usize| f32::from_le_bytes([cell[o], cell[o + 1], cell[o + 2], cell[o + 3]]);
         let f16_at = |o: usize| half::f16::from_le_bytes([cell[o], cell[o + 1]]).to_f32();
         match self {
-            Scales::F32 => (f32_at(lane * 4), f32_at(GROUP * 4 + lane * 4)),
-            Scales::Half => (f16_at(lane * 2), f16_at(GROUP * 2 + lane * 2)),
+            Scales::F32 => (f32_at(lane * 4), f32_at(lanes * 4 + lane * 4)),
+            Scales::Half => (f16_at(lane * 2), f16_at(lanes * 2 + lane * 2)),
             Scales::HalfCentred => {
                 let d = f16_at(lane * 2);
                 (d, -8.0 * d)
@@ -114,22 +124,34 @@ impl Scales {
     /// Stores lane `lane`'s scale and offset; `false` where this head cannot hold them
     /// exactly.
     fn write(self, cell: &mut [u8], lane: usize, scale: f32, offset: f32) -> bool {
+        self.write_of(GROUP, cell, lane, scale, offset)
+    }
+
+    /// [`Scales::write`] into a head of `lanes` columns.
+    pub(crate) fn write_of(
+        self,
+        lanes: usize,
+        cell: &mut [u8],
+        lane: usize,
+        scale: f32,
+        offset: f32,
+    ) -> bool {
         let half = |v: f32| half::f16::from_f32(v);
         match self {
             Scales::F32 => {
                 cell[lane * 4..lane * 4 + 4].copy_from_slice(&scale.to_le_bytes());
-                let o = GROUP * 4 + lane * 4;
+                let o = lanes * 4 + lane * 4;
                 cell[o..o + 4].copy_from_slice(&offset.to_le_bytes());
             }
             _ => {
                 cell[lane * 2..lane * 2 + 2].copy_from_slice(&half(scale).to_le_bytes());
                 if self == Scales::Half {
-                    let o = GROUP * 2 + lane * 2;
+                    let o = lanes * 2 + lane * 2;
                     cell[o..o + 2].copy_from_slice(&half(offset).to_le_bytes());
                 }
             }
         }
-        let (s, o) = self.read(cell, lane);
+        let (s, o) = self.read_of(lanes, cell, lane);
         s.to_bits() == scale.to_bits() && o.to_bits() == offset.to_bits()
     }
 }
