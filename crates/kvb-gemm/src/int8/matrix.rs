@@ -18,7 +18,7 @@
 //! loaded, at the file's bits ([`super::kcells`]), and the matrix shares them.
 
 use super::{BLOCK, LANES};
-use crate::packed::{CellValues, PackedMatrix, Pages, Scales};
+use crate::packed::{CellValues, PackedMatrix, Pages, Scales, GROUP};
 use rayon::prelude::*;
 use std::sync::Arc;
 
@@ -67,32 +67,92 @@ impl IntDotMatrix {
             return None;
         }
         if p.cell_values().is_k_quant() {
-            return Some(IntDotMatrix {
-                nibbles: false,
-                scales: Scales::F32,
-                has_offsets: false,
-                k: p.k(),
-                n: p.n(),
-                data: Pages::zeroed(0),
-                source: p.source(),
-                kcells: Some(p.clone()),
-            });
+            return Some(Self::sharing(p.clone()));
         }
+        let mut w = Self::empty(p);
+        let all = w.data.len();
+        w.has_offsets = w.fill(p, 0, all);
+        Some(w)
+    }
+
+    /// [`IntDotMatrix::from_packed`] of a matrix nothing else holds, giving its memory back to
+    /// the system as the layout fills, so the two are never both whole (a 1B model's tied
+    /// embedding is 279 MB in Q8_0); `p` back where it is not taken.
+    pub fn from_packed_consuming(p: PackedMatrix) -> Result<Self, PackedMatrix> {
+        // About 16 MB a step: the most held twice.
+        Self::consuming(p, 16 << 20)
+    }
+
+    /// [`IntDotMatrix::from_packed_consuming`], giving memory back every `step_bytes`.
+    pub(super) fn consuming(mut p: PackedMatrix, step_bytes: usize) -> Result<Self, PackedMatrix> {
+        if !Self::takes(&p) {
+            return Err(p);
+        }
+        if p.cell_values().is_k_quant() {
+            return Ok(Self::sharing(Arc::new(p)));
+        }
+        let mut w = Self::empty(&p);
+        let groups = w.n.div_ceil(LANES);
+        let per_group = w.data.len() / groups.max(1);
+        let step = (step_bytes / per_group.max(1)).max(1);
+        let packed_groups = w.n.div_ceil(GROUP);
+        for g0 in (0..groups).step_by(step) {
+            let g1 = (g0 + step).min(groups);
+            w.has_offsets |= w.fill(&p, g0 * per_group, g1 * per_group);
+            let to_packed = |g: usize| (g * LANES / GROUP).min(packed_groups);
+            p.release_groups(to_packed(g0)..to_packed(g1));
+        }
+        Ok(w)
+    }
+
+    /// The matrix sharing K-quant cells `p` as loaded.
+    fn sharing(p: Arc<PackedMatrix>) -> Self {
+        IntDotMatrix {
+            nibbles: false,
+            scales: Scales::F32,
+            has_offsets: false,
+            k: p.k(),
+            n: p.n(),
+            data: Pages::zeroed(0),
+            source: p.source(),
+            kcells: Some(p),
+        }
+    }
+
+    /// Zeroed room for `p` (integer cells of 32 rows) re-laid out.
+    fn empty(p: &PackedMatrix) -> Self {
         let (nibbles, scales) = match p.cell_values() {
             CellValues::Nibbles(s) => (true, s),
             CellValues::Bytes(s) => (false, s),
-            _ => return None,
+            other => unreachable!("{other:?} cells are K-quants' or floats, not taken"),
         };
         let (k, n) = (p.k(), p.n());
-        let blocks = k / BLOCK;
-        let (head, values) = (scales.head_bytes_of(LANES), Self::value_bytes_of(nibbles));
-        let mut data = Pages::zeroed(n.div_ceil(LANES) * blocks * (head + values));
-        // Group by group in parallel (a 1B model's Q8_0 weights took 6 s on one core): whether
-        // any block has an offset, or `None` where a block is not 32 integers.
-        let has_offsets = data
-            .par_chunks_mut(blocks * (head + values))
+        let block = scales.head_bytes_of(LANES) + Self::value_bytes_of(nibbles);
+        IntDotMatrix {
+            nibbles,
+            scales,
+            has_offsets: false,
+            k,
+            n,
+            data: Pages::zeroed(n.div_ceil(LANES) * k / BLOCK * block),
+            source: p.source(),
+            kcells: None,
+        }
+    }
+
+    /// Fills the groups in bytes `from..to` of the layout (whole groups) from `p`, group by
+    /// group in parallel (a 1B model's Q8_0 weights took 6 s on one core); whether any of
+    /// their blocks has an offset.
+    fn fill(&mut self, p: &PackedMatrix, from: usize, to: usize) -> bool {
+        let (nibbles, scales, n) = (self.nibbles, self.scales, self.n);
+        let blocks = self.k / BLOCK;
+        let (head, values) = (self.head_bytes(), self.value_bytes());
+        let per_group = blocks * (head + values);
+        self.data[from..to]
+            .par_chunks_mut(per_group)
             .enumerate()
-            .map(|(g, group)| {
+            .map(|(i, group)| {
+                let g = from / per_group + i;
                 let (heads, group_values) = group.split_at_mut(blocks * head);
                 let mut q = [0i16; BLOCK];
                 let mut offsets = false;
@@ -101,26 +161,18 @@ impl IntDotMatrix {
                         .chunks_exact_mut(head)
                         .zip(group_values.chunks_exact_mut(values));
                     for (b, (head, values)) in blocks.enumerate() {
-                        let (scale, offset) = p.stored_integers(j, b, &mut q)?;
+                        let (scale, offset) = p
+                            .stored_integers(j, b, &mut q)
+                            .expect("`takes` found integers sharing a scale per 32 rows");
                         offsets |= offset != 0.0;
                         let exact = scales.write_of(LANES, head, lane, scale, offset);
                         debug_assert!(exact, "{scales:?} cannot hold {scale}, {offset}");
                         put(nibbles, values, lane, &q);
                     }
                 }
-                Some(offsets)
+                offsets
             })
-            .try_reduce(|| false, |a, b| Some(a || b))?;
-        Some(IntDotMatrix {
-            nibbles,
-            scales,
-            has_offsets,
-            k,
-            n,
-            data,
-            source: p.source(),
-            kcells: None,
-        })
+            .reduce(|| false, |a, b| a || b)
     }
 
     fn value_bytes_of(nibbles: bool) -> usize {

@@ -159,6 +159,31 @@ fn k_quant_cells_are_shared_not_copied() {
     }
 }
 
+/// A matrix consumed as it is re-laid out (its pages given back step by step) gives what a
+/// shared one gives, for every integer format; one that is not taken comes back whole.
+#[test]
+fn a_consumed_matrix_gives_the_shared_ones_layout() {
+    for format in INTEGER_FORMATS {
+        // Over 2 MiB of 8-bit cells, so the cells live in a map whose pages are given back.
+        let (n, blocks_per_row) = (4104, 16);
+        let (packed, _) = packed_matrix(format, blocks_per_row, n, 5);
+        let shared = IntDotMatrix::from_packed(&Arc::new(packed.clone())).expect("taken");
+        let consumed = IntDotMatrix::consuming(packed, 64 << 10).expect("taken");
+        assert_eq!(consumed.has_offsets, shared.has_offsets, "format {format}");
+        assert_eq!(consumed.bytes(), shared.bytes(), "format {format}");
+        for j in (0..n).step_by(7).chain([n - 1]) {
+            let (c, s) = (consumed.column(j), shared.column(j));
+            assert!(
+                c.iter().zip(&s).all(|(c, s)| c.to_bits() == s.to_bits()),
+                "format {format}, column {j}"
+            );
+        }
+    }
+    let (floats, _) = packed_matrix(4, 8, 24, 1);
+    let back = IntDotMatrix::from_packed_consuming(floats.clone()).expect_err("f16 not taken");
+    assert_eq!(back.column(5), floats.column(5));
+}
+
 /// Q4_0, Q4_1 and Q8_0 blocks re-laid out keep the file's f16 scales: as many bytes as the
 /// file's blocks (for whole groups of 16 columns).
 #[test]

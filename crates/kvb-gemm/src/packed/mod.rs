@@ -562,6 +562,14 @@ impl PackedMatrix {
         (g * (self.k / self.cell_rows) + c) * self.cell_bytes()
     }
 
+    /// Gives back the memory of groups `groups` (columns `8 g..`) to the system, for a
+    /// conversion that has read them and consumes the matrix: their cells read as zeros
+    /// afterwards, except on the pages they share with the groups beside them.
+    pub(crate) fn release_groups(&mut self, groups: std::ops::Range<usize>) {
+        let range = self.cell_at(groups.start, 0)..self.cell_at(groups.end, 0);
+        self.data.release(range);
+    }
+
     /// How the cells store their values.
     pub fn cell_values(&self) -> CellValues {
         self.values

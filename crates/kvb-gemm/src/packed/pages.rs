@@ -27,6 +27,26 @@ impl Pages {
         }
         Pages::Heap(vec![0u8; len])
     }
+
+    /// Gives the whole pages within `range` back to the system, so a conversion that has read
+    /// them no longer holds them: they read as zeros afterwards. A `Vec` keeps its bytes.
+    pub(crate) fn release(&mut self, range: std::ops::Range<usize>) {
+        const PAGE: usize = 4096;
+        let (start, end) = (
+            range.start.next_multiple_of(PAGE),
+            range.end.min(self.len()),
+        );
+        let end = end - end % PAGE;
+        #[cfg(unix)]
+        if let (Pages::Map(map), true) = (&*self, start < end) {
+            // SAFETY: `&mut self` means nothing else reads these bytes; a private anonymous
+            // map's dropped pages come back as zeros, valid `u8`s. The map's start is
+            // page-aligned, so `start..end` covers whole pages only.
+            let _ = unsafe {
+                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+            };
+        }
+    }
 }
 
 impl Deref for Pages {
@@ -60,7 +80,8 @@ impl Clone for Pages {
 mod tests {
     use super::*;
 
-    /// Both kinds start zeroed, keep what is written and clone into bytes of their own.
+    /// Both kinds start zeroed, keep what is written, clone into bytes of their own and release
+    /// whole pages of a map only.
     #[test]
     fn pages_start_zeroed_and_clones_are_copies() {
         for len in [0, 1000, MAP_FROM + 4097] {
@@ -76,6 +97,20 @@ mod tests {
                 *b = (i * 7 % 251) as u8;
             }
             let copy = pages.clone();
+            // Released bytes read as zeros in a map (whole pages only); a `Vec` keeps them.
+            let (from, to) = (len / 3, 2 * len / 3);
+            let mut released = pages.clone();
+            released.release(from..to);
+            for (i, &b) in released.iter().enumerate() {
+                let gone = matches!(released, Pages::Map(_))
+                    && i >= from.next_multiple_of(4096)
+                    && i < to - to % 4096;
+                assert_eq!(
+                    b,
+                    if gone { 0 } else { (i * 7 % 251) as u8 },
+                    "byte {i} of {len}"
+                );
+            }
             pages.iter_mut().for_each(|b| *b = 0);
             assert_eq!(copy.len(), len);
             assert!(copy

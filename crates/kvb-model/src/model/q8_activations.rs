@@ -2,9 +2,10 @@
 //! activations ([`super::int8`]).
 
 use super::layers::{Embedding, Linear};
-use super::linear_weight::IntDot;
+use super::linear_weight::{Dense, IntDot};
 use super::{Model, ModelBackend};
 use crate::error::{ModelError, Result};
+use burn::tensor::Tensor;
 
 /// How the products quantize their input rows (`--activations`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -123,12 +124,24 @@ impl<B: ModelBackend> Model<B> {
             ));
         }
         // A tied head and the embedding share one matrix: convert it once for both.
-        let shared = match (&self.embed, self.lm_head.weight.packed()) {
-            (Embedding::Packed(e), Some(h)) if Arc::ptr_eq(e, h) => {
-                IntDotMatrix::from_packed(e).map(Arc::new)
+        let tied = match (&self.embed, self.lm_head.weight.packed()) {
+            (Embedding::Packed(e), Some(h)) if Arc::ptr_eq(e, h) && IntDotMatrix::takes(e) => {
+                Some(e.clone())
             }
             _ => None,
         };
+        let shared = tied.map(|e| {
+            // Both let go of it first (a 1x1 stand-in for the moment), so the conversion
+            // can give its memory back as it goes: a 1B model's embedding is 279 MB in Q8_0.
+            let stand_in = Tensor::<B, 2>::zeros([1, 1], &self.device);
+            self.lm_head.weight = Arc::new(Dense(stand_in.clone()));
+            self.embed = Embedding::Dense(stand_in);
+            let d = match Arc::try_unwrap(e) {
+                Ok(p) => IntDotMatrix::from_packed_consuming(p).ok(),
+                Err(e) => IntDotMatrix::from_packed(&e),
+            };
+            Arc::new(d.expect("`takes` took the embedding"))
+        });
         if let Some(d) = shared {
             self.embed = Embedding::IntDot(d.clone());
             self.lm_head.weight = Arc::new(IntDot(d));
