@@ -135,7 +135,7 @@ pub(super) fn columns(
                 let rows = step.min(p1 - r0);
                 match kernel {
                     Kernel::Portable => portable(a, r0, rows, w, g, &mut out),
-                    // SAFETY: `detect` found AVX-512F, BW and VNNI; `a` holds rows
+                    // SAFETY: `detect` found AVX-512F, BW, VNNI and F16C; `a` holds rows
                     // `r0..r0 + rows` (within m, at most PAIR_ROWS for a pair) of width
                     // k = w.k; groups `g..g + groups` are w's; `out` holds MAX_TILE_ROWS * 16
                     // = PAIR_ROWS * 2 * 16 values.
@@ -144,7 +144,7 @@ pub(super) fn columns(
                         // The first row tile of a group fetches its weights ahead.
                         super::avx512::tile(a, r0, rows, w, (g, groups), r0 == p0, &mut out)
                     },
-                    // SAFETY: as above, with AVX2 and FMA (`detect`), one group.
+                    // SAFETY: as above, with AVX2, FMA and F16C (`detect`), one group.
                     #[cfg(target_arch = "x86_64")]
                     Kernel::Avx2 => unsafe { super::avx2::tile(a, r0, rows, w, g, &mut out) },
                 }
