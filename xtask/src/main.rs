@@ -35,7 +35,8 @@ commands:
                 --activations q8, --serve-args FLAGS (more kvb serve flags in one quoted
                 argument, e.g. --prefill-tokens-while-decoding 128), --json-schema (each
                 client count again with every answer constrained to a JSON schema: the cost
-                of structured output)
+                of structured output), --temperature T (sampled answers, seed per client;
+                0, greedy, by default)
   bench soak    `kvb serve` under steady mixed load (chat turns, completions, warms, dropped
                 streams, malformed bodies) for a bounded time: no request may fail, resident
                 memory may grow < 5% after warm-up, the pool must return to its resident cache.

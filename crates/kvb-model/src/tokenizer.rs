@@ -18,6 +18,10 @@ pub struct ChatMessage {
     /// A `tool` message: the id of the call it answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// Who speaks, where the caller names them (OpenAI's `name`): templates that read
+    /// `message.name` write it, as transformers and vLLM give it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
@@ -28,6 +32,7 @@ impl ChatMessage {
             content: content.into(),
             tool_calls: Vec::new(),
             tool_call_id: None,
+            name: None,
         }
     }
 }

@@ -96,6 +96,70 @@ fn each_sampling_field_changes_the_answer_as_it_says() {
     }
 }
 
+/// The text of a completion of `prompt` with `extra` settings, and why it finished.
+fn completion(s: &Server, prompt: &[u32], extra: Value) -> (String, String) {
+    let mut body = json!({"model": "tiny", "prompt": prompt, "max_tokens": 24});
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    let (status, v) = post(s, "/v1/completions", &body);
+    assert_eq!(status, 200, "{body}: {v}");
+    let choice = &v["choices"][0];
+    let text = choice["text"].as_str().unwrap().to_string();
+    (text, choice["finish_reason"].as_str().unwrap().to_string())
+}
+
+#[test]
+fn a_stop_string_ends_the_answer_before_its_first_match() {
+    let (_d, s) = tiny_server(&[]);
+    let prompt = [5u32, 6, 7, 8];
+    let greedy = json!({"temperature": 0});
+    let (full, finish) = completion(&s, &prompt, greedy);
+    assert_eq!(finish, "length", "{full:?}");
+    // Two stops, from a quarter and three quarters into the text: the answer ends where the
+    // first match starts, in whichever order the stops are listed.
+    let chars: Vec<char> = full.chars().collect();
+    assert!(chars.len() >= 8, "{full:?}");
+    let piece = |at: usize| chars[at..at + 2].iter().collect::<String>();
+    let (early, late) = (piece(chars.len() / 4), piece(chars.len() * 3 / 4));
+    let cut = [&late, &early]
+        .iter()
+        .filter_map(|stop| full.find(stop.as_str()))
+        .min()
+        .unwrap();
+    for stop in [json!([late, early]), json!([early, late])] {
+        let (text, finish) = completion(&s, &prompt, json!({"temperature": 0, "stop": stop}));
+        assert_eq!(
+            (text.as_str(), finish.as_str()),
+            (&full[..cut], "stop"),
+            "{stop}"
+        );
+    }
+    // One stop, as a string.
+    let (text, finish) = completion(&s, &prompt, json!({"temperature": 0, "stop": late}));
+    let at = full.find(late.as_str()).unwrap();
+    assert_eq!((text.as_str(), finish.as_str()), (&full[..at], "stop"));
+}
+
+#[test]
+fn unseeded_samples_differ_and_a_seed_repeats_its_answer() {
+    let (_d, s) = tiny_server(&[]);
+    let prompt = [5u32, 6, 7, 8];
+    let hot = json!({"temperature": 1.0});
+    let unseeded: std::collections::BTreeSet<String> = (0..3)
+        .map(|_| completion(&s, &prompt, hot.clone()).0)
+        .collect();
+    assert!(
+        unseeded.len() > 1,
+        "every unseeded answer alike: {unseeded:?}"
+    );
+    let seeded = json!({"temperature": 1.0, "seed": 7});
+    assert_eq!(
+        completion(&s, &prompt, seeded.clone()),
+        completion(&s, &prompt, seeded)
+    );
+}
+
 #[test]
 fn unserved_fields_are_refused_by_name_and_harmless_ones_accepted() {
     let (_d, s) = tiny_server(&[]);
@@ -125,6 +189,14 @@ fn unserved_fields_are_refused_by_name_and_harmless_ones_accepted() {
         (json!({"frequency_penalty": 3}), "frequency_penalty"),
         (json!({"presence_penalty": -3}), "presence_penalty"),
         (json!({"repetition_penalty": 0}), "repetition_penalty"),
+        (
+            json!({"stream_options": {"continuous_usage_stats": true}}),
+            "stream_options.continuous_usage_stats",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "hi", "audio": {"id": "a"}}]}),
+            "messages[0].audio",
+        ),
     ] {
         let (status, v) = chat(extra.clone());
         assert_eq!(status, 400, "{extra}: {v}");
@@ -222,7 +294,8 @@ fn cors_lets_allowed_origins_in_and_no_other() {
             .header("access-control-request-method", "POST")
             .header(
                 "access-control-request-headers",
-                "authorization, content-type",
+                // What the openai JavaScript SDK asks for from a browser.
+                "authorization, content-type, x-stainless-os, x-stainless-retry-count",
             )
             .send()
             .unwrap()
@@ -230,6 +303,18 @@ fn cors_lets_allowed_origins_in_and_no_other() {
     let r = preflight(allowed);
     assert!(r.status().is_success(), "{}", r.status());
     assert_eq!(r.headers()["access-control-allow-origin"], allowed);
+    let headers = r.headers()["access-control-allow-headers"]
+        .to_str()
+        .unwrap()
+        .to_lowercase();
+    for h in [
+        "authorization",
+        "content-type",
+        "x-stainless-os",
+        "x-stainless-retry-count",
+    ] {
+        assert!(headers.contains(h), "{h} not allowed: {headers}");
+    }
     let methods = r.headers()["access-control-allow-methods"]
         .to_str()
         .unwrap()

@@ -1,7 +1,7 @@
 //! Several `kvb serve` replicas sharing one Redis (Debian's redis-server, started here on a free
 //! loopback port): a document one replica read is a hit on another with Baseline's greedy
-//! answer; another K/V precision never reads it; Redis killed mid-run fails no request, and hits
-//! resume once it is back.
+//! answer; another K/V precision, another tenant or another salt never reads it; Redis killed
+//! mid-run fails no request, and hits resume once it is back.
 
 mod common;
 
@@ -45,14 +45,29 @@ fn complete(s: &Server, prompt: &str) -> (String, u64) {
 }
 
 fn remote_stats(s: &Server) -> Value {
-    s.stats()["store"]["remote"].clone()
+    remote_stats_as(s, None)
+}
+
+/// The shared tier's stats, asked with API key `key` where the server guards them.
+fn remote_stats_as(s: &Server, key: Option<&str>) -> Value {
+    let mut r = client().get(s.url("/v1/stats"));
+    if let Some(key) = key {
+        r = r.bearer_auth(key);
+    }
+    let stats: Value = r.send().unwrap().json().unwrap();
+    stats["store"]["remote"].clone()
 }
 
 /// Waits until `s` has written everything it queued for the shared tier.
 fn writes_landed(s: &Server) -> Value {
+    writes_landed_as(s, None)
+}
+
+/// [`writes_landed`], asking with API key `key`.
+fn writes_landed_as(s: &Server, key: Option<&str>) -> Value {
     let end = Instant::now() + Duration::from_secs(60);
     loop {
-        let r = remote_stats(s);
+        let r = remote_stats_as(s, key);
         if r["writes_pending"] == 0 && r["writes"].as_u64().unwrap() > 0 {
             return r;
         }
@@ -166,4 +181,50 @@ fn a_document_one_replica_read_is_reused_by_another_at_another_position() {
     );
     assert!(rb["hits"].as_u64().unwrap() >= 1, "{rb}");
     assert_eq!(rb["corrupt"], 0);
+}
+
+/// A greedy completion as tenant `key`, salted or not: cached prompt tokens.
+fn cached_as(s: &Server, key: &str, salt: Option<&str>, prompt: &str) -> u64 {
+    let mut body = json!({"model": "tiny", "prompt": prompt, "max_tokens": 4, "temperature": 0});
+    if let Some(salt) = salt {
+        body["cache_salt"] = salt.into();
+    }
+    let r = client()
+        .post(s.url("/v1/completions"))
+        .bearer_auth(key)
+        .json(&body)
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", s.log());
+    let v: Value = r.json().unwrap();
+    v["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap()
+}
+
+#[test]
+fn another_tenant_or_salt_never_reads_a_tenants_entries_in_redis() {
+    let redis = RedisServer::start().unwrap();
+    let (_dir, model) = tiny_model();
+    let model = model.to_str().unwrap();
+    let keys = ["--api-key", "alpha,beta"];
+    let a = replica(model, &redis.url(), &keys);
+    let b = replica(model, &redis.url(), &keys);
+    let prompt = format!("{}Whose?", document("ledgers"));
+    assert!(
+        cached_as(&a, "alpha", None, &prompt) < 32,
+        "A had not read it"
+    );
+    writes_landed_as(&a, Some("alpha"));
+    // On B, which has read nothing: beta and a salted alpha find nothing in Redis ...
+    assert_eq!(cached_as(&b, "beta", None, &prompt), 0);
+    assert_eq!(cached_as(&b, "alpha", Some("s"), &prompt), 0);
+    let rb = remote_stats_as(&b, Some("beta"));
+    assert_eq!(rb["hits"], 0, "{rb}");
+    assert!(rb["misses"].as_u64().unwrap() > 0, "{rb}");
+    // ... where alpha itself gets what A wrote.
+    let cached = cached_as(&b, "alpha", None, &prompt);
+    assert!(cached >= 64, "alpha reused {cached} tokens on B");
+    let rb = remote_stats_as(&b, Some("beta"));
+    assert!(rb["hits"].as_u64().unwrap() >= 2, "{rb}");
 }

@@ -37,6 +37,9 @@ struct Options {
     /// Each client count also runs with every answer constrained to [`answer_schema`], on a
     /// fresh server of its own, to measure what constrained decoding costs.
     json_schema: bool,
+    /// Sampling temperature (0: greedy, where a constrained step checks only its best token;
+    /// above 0 every constrained step needs the whole mask). Client `c` samples with seed `c`.
+    temperature: f64,
 }
 
 fn parse(args: &[String]) -> Result<Options> {
@@ -51,6 +54,7 @@ fn parse(args: &[String]) -> Result<Options> {
         activations: None,
         serve_args: Vec::new(),
         json_schema: false,
+        temperature: 0.0,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -78,6 +82,12 @@ fn parse(args: &[String]) -> Result<Options> {
             "--out" => o.out = Some(value()?.into()),
             "--activations" => o.activations = Some(value()?.clone()),
             "--json-schema" => o.json_schema = true,
+            "--temperature" => {
+                o.temperature = value()?.parse().context("--temperature: 0 to 2")?;
+                if !(0.0..=2.0).contains(&o.temperature) {
+                    bail!("--temperature must be 0 to 2");
+                }
+            }
             "--serve-args" => {
                 o.serve_args = value()?.split_whitespace().map(String::from).collect()
             }
@@ -245,14 +255,14 @@ fn answer_schema() -> Value {
     })
 }
 
-/// One streamed chat turn: its timing and the answer's text. `format` is the request's
-/// `response_format`, if any.
+/// One streamed chat turn, greedy unless `fields` (more request fields: `response_format`,
+/// `temperature`, `seed` ...) say otherwise: its timing and the answer's text.
 pub(super) fn turn(
     http: &reqwest::blocking::Client,
     url: &str,
     messages: &[Value],
     max_tokens: usize,
-    format: Option<&Value>,
+    fields: &Value,
 ) -> Result<(f64, Vec<f64>, String, Value)> {
     let mut body = json!({
         "model": "bench",
@@ -262,8 +272,8 @@ pub(super) fn turn(
         "stream": true,
         "stream_options": {"include_usage": true},
     });
-    if let Some(f) = format {
-        body["response_format"] = f.clone();
+    for (k, v) in fields.as_object().into_iter().flatten() {
+        body[k] = v.clone();
     }
     let sent = Instant::now();
     let resp = http.post(url).json(&body).send().context("sending")?;
@@ -360,7 +370,11 @@ fn client(
             q
         };
         messages.push(json!({"role": "user", "content": q}));
-        match turn(&http, &url, &messages, o.max_tokens, format) {
+        let mut fields = json!({"temperature": o.temperature, "seed": c});
+        if let Some(f) = format {
+            fields["response_format"] = f.clone();
+        }
+        match turn(&http, &url, &messages, o.max_tokens, &fields) {
             Ok((ttft_ms, token_ms, text, usage)) => {
                 let decode = match (token_ms.first(), token_ms.last()) {
                     (Some(a), Some(b)) if token_ms.len() > 1 && b > a => {
@@ -563,7 +577,7 @@ fn targets(results: &[ServerResult]) -> Vec<(String, String, String, bool)> {
 }
 
 /// `cargo xtask bench server [--quick] [--clients 1,16,64] [--turns N] [--max-tokens N]
-/// [--time-limit S] [--model PATH] [--out DIR] [--json-schema]`.
+/// [--time-limit S] [--model PATH] [--out DIR] [--json-schema] [--temperature T]`.
 pub fn run(args: &[String], kvb: &Path) -> Result<()> {
     let o = parse(args)?;
     let out = o.out.clone().unwrap_or_else(|| {
@@ -591,10 +605,11 @@ pub fn run(args: &[String], kvb: &Path) -> Result<()> {
     }
     let mut md = format!(
         "# `kvb serve` under concurrent chats\n\n{} turns per client, {} tokens per answer, a shared system prompt ({}x the full one), \
-         streamed `/v1/chat/completions` at temperature 0; a fresh server per client count; times taken by the clients; {} cores.\n\n",
+         streamed `/v1/chat/completions` at temperature {}; a fresh server per client count; times taken by the clients; {} cores.\n\n",
         o.turns,
         o.max_tokens,
         o.text,
+        o.temperature,
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
     md += &markdown(&results);

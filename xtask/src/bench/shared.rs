@@ -135,7 +135,7 @@ fn ask(s: &ServeProcess, doc: &str, q: &str, max_tokens: usize) -> Result<(f64, 
         json!({"role": "user", "content": format!("Document:\n{doc}\n\nQuestion: {q}")}),
     ];
     let url = format!("{}/v1/chat/completions", s.base);
-    let (ttft, _, text, usage) = turn(&http, &url, &messages, max_tokens, None)?;
+    let (ttft, _, text, usage) = turn(&http, &url, &messages, max_tokens, &json!({}))?;
     Ok((ttft, text, usage))
 }
 

@@ -299,7 +299,7 @@ fn client(
                 }
                 messages.push(json!({"role": "user", "content":
                     format!("Customer {c}, question {round}: what should I do next?")}));
-                turn(&http, &chat_url, &messages, max_tokens, None).map(|(_, _, text, _)| {
+                turn(&http, &chat_url, &messages, max_tokens, &json!({})).map(|(_, _, text, _)| {
                     messages.push(json!({"role": "assistant", "content": text}));
                 })
             }

@@ -6,6 +6,7 @@ use super::constraint::Constrained;
 use super::{argmax, GenerateParams, Sampler, StopReason, TextStream, TokenConstraint};
 use crate::error::{ModelError, Result};
 use crate::tokenizer::Tokenizer;
+use std::borrow::Cow;
 
 /// What a step samples from.
 #[derive(Debug, Clone, Copy)]
@@ -142,15 +143,20 @@ impl Continuation {
         ) {
             (Some(&forced), _, _) => forced,
             (None, Next::Logits(logits), Some(c)) => {
-                let mut adjusted = self.sampler.adjusted(logits);
+                // A copy only where the logits change: penalties and biases, or the mask.
+                let adjusted = match self.sampler.adjusts_logits() {
+                    true => Cow::Owned(self.sampler.adjusted(logits)),
+                    false => Cow::Borrowed(logits),
+                };
                 // Greedy: the best token, if the constraint allows it, is the best allowed one,
                 // and checking it alone is far cheaper than the whole mask.
                 let best = argmax(&adjusted) as u32;
                 if self.sampler.greedy() && c.0.allows(best).map_err(constraint_err)? {
                     best
                 } else {
-                    c.0.mask(&mut adjusted).map_err(constraint_err)?;
-                    self.sampler.sample_adjusted(&adjusted)
+                    let mut masked = adjusted.into_owned();
+                    c.0.mask(&mut masked).map_err(constraint_err)?;
+                    self.sampler.sample_adjusted(&masked)
                 }
             }
             (None, Next::Candidates { .. }, Some(_)) => {

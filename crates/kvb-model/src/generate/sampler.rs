@@ -103,6 +103,11 @@ impl Sampler {
         self.params.temperature <= 0.0
     }
 
+    /// Whether [`Sampler::adjusted`] changes the logits (a penalty or a bias is set).
+    pub fn adjusts_logits(&self) -> bool {
+        self.params.adjusts_logits()
+    }
+
     /// Takes note of the prompt's tokens, which a repetition penalty covers too.
     pub fn see_prompt(&mut self, tokens: &[u32]) {
         if self.params.repetition_penalty != 1.0 {

@@ -97,7 +97,7 @@ pub struct Sampling {
     pub repetition_penalty: Option<f32>,
     /// Token id (as a string) to a bias added to its logit, -100 to 100.
     pub logit_bias: Option<std::collections::HashMap<String, f32>>,
-    /// Sampler seed: same seed, same tokens.
+    /// Sampler seed: same seed, same tokens (absent: a new seed per request).
     pub seed: Option<u64>,
     /// Generation stops before any of these.
     pub stop: Option<Stop>,
@@ -106,9 +106,9 @@ pub struct Sampling {
     pub stream: bool,
     /// Streaming options.
     pub stream_options: Option<StreamOptions>,
-    /// Answers per request, 1 to 16 (above 1 not with `stream` yet): copies of the prompt
-    /// sampled with seeds `seed`, `seed + 1`, ..., which wait for the first copy's prefill and
-    /// reuse its blocks.
+    /// Answers per request, 1 to 16: copies of the prompt sampled with seeds `seed`,
+    /// `seed + 1`, ..., which wait for the first copy's prefill and reuse its blocks (streamed,
+    /// each chunk names its copy's `index`).
     #[schema(minimum = 1, maximum = 16)]
     pub n: Option<u32>,
     /// Structured output: the answer is JSON (an object, or valid against a schema), by
@@ -155,6 +155,9 @@ pub struct ChatMessageIn {
     /// results to calls by order).
     #[allow(dead_code)]
     pub tool_call_id: Option<String>,
+    /// Who speaks: given to the chat template as `message.name` (most templates do not write
+    /// it); a special token's text in it is a 400.
+    pub name: Option<String>,
 }
 
 /// A function call in an assistant message of the history.
@@ -357,7 +360,7 @@ pub struct ChatMessageOut {
 /// One answer of a chat completion.
 #[derive(Serialize, Debug, Clone, ToSchema)]
 pub struct ChatChoice {
-    /// Always 0.
+    /// Which of the request's `n` copies this is, from 0.
     pub index: u32,
     /// The answer.
     pub message: ChatMessageOut,
@@ -402,7 +405,7 @@ pub struct Delta {
 /// One choice of a streamed chat chunk.
 #[derive(Serialize, Debug, Clone, ToSchema)]
 pub struct ChatChunkChoice {
-    /// Always 0.
+    /// Which of the request's `n` copies this chunk belongs to, from 0.
     pub index: u32,
     /// What this chunk adds.
     pub delta: Delta,
@@ -432,7 +435,7 @@ pub struct ChatCompletionChunk {
 /// One answer of a completion (also a streamed chunk's choice).
 #[derive(Serialize, Debug, Clone, ToSchema)]
 pub struct CompletionChoice {
-    /// Always 0.
+    /// Which of the request's `n` copies this is (or a streamed chunk belongs to), from 0.
     pub index: u32,
     /// The generated text (a streamed chunk: the new text).
     pub text: String,

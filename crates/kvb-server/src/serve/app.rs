@@ -284,7 +284,7 @@ pub fn router(app: Arc<AppState>) -> Router {
 /// carry no API key, so this outermost layer answers them before the key is checked); `None`
 /// (no CORS headers at all) without origins.
 fn cors(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
-    use tower_http::cors::{AllowOrigin, CorsLayer};
+    use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
     if origins.is_empty() {
         return None;
     }
@@ -296,7 +296,9 @@ fn cors(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
     let layer = CorsLayer::new()
         .allow_origin(allow)
         .allow_methods([Method::GET, Method::POST])
-        .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
+        // Whatever headers the preflight names: client libraries add their own (the openai
+        // SDKs send `x-stainless-*`), and origins, not headers, are what is guarded.
+        .allow_headers(AllowHeaders::mirror_request())
         .expose_headers(
             [
                 "x-kvb-ttft-ms",

@@ -253,13 +253,10 @@ fn message(m: &ChatMessageIn, i: usize, format: ToolFormat) -> Result<ChatMessag
             text
         }
     };
-    Ok(tools::history_message(
-        role,
-        content,
-        calls,
-        m.tool_call_id.as_deref(),
-        format,
-    ))
+    let mut message =
+        tools::history_message(role, content, calls, m.tool_call_id.as_deref(), format);
+    message.name = m.name.clone();
+    Ok(message)
 }
 
 /// The most likely tokens a request may ask to see at each position (OpenAI's bound for chat).

@@ -81,8 +81,16 @@ pub fn sampling_params(s: &Sampling, vocab: usize) -> Result<SamplingParams, Api
         presence_penalty,
         repetition_penalty,
         logit_bias,
-        seed: s.seed.unwrap_or(0),
+        seed: s.seed.unwrap_or_else(fresh_seed),
     })
+}
+
+/// A seed for a request that gives none: a new one each time, so unseeded sampled requests
+/// differ as OpenAI's, vLLM's and llama-server's do (a fixed default repeated every answer).
+fn fresh_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    // Each `RandomState` takes new keys (seeded from the OS once per thread, then stepped).
+    std::hash::RandomState::new().build_hasher().finish()
 }
 
 fn bad(param: &str, what: &str) -> ApiError {
