@@ -7,8 +7,11 @@ pub fn spread(i: usize, seed: u32, scale: f32) -> f32 {
 }
 
 /// Formats [`packed_matrix`] builds: 0 Q8_0 (quantized from f32: f32 scales), 1 Q4_1, 2 Q6_K,
-/// 3 bf16, 4 f16, 5 Q4_K, 6 Q5_K, 7 Q8_0 and 8 Q4_0 blocks as a file holds them (f16 scales).
-pub const FORMATS: usize = 9;
+/// 3 bf16, 4 f16, 5 Q4_K, 6 Q5_K, 7 Q8_0 and 8 Q4_0 blocks as a file holds them (f16 scales),
+/// and the blocks kept in other types' cells: 9 Q5_1 (8-bit cells, f16 scales and offsets),
+/// 10 Q2_K (4-bit cells of 16 rows, f32 scales), 11 IQ4_XS (8-bit cells, f32 scales) and
+/// 12 Q3_K (Q6_K cells).
+pub const FORMATS: usize = 13;
 
 /// A packed `[k, n]` weight of one of [`FORMATS`] formats with deterministic values, and its
 /// `k`: `blocks_per_row` cells of 32 rows (K-quants: rounded up to whole 256-weight blocks).
@@ -24,6 +27,9 @@ pub fn packed_matrix(
         2 => Some(GgmlType::Q6_K),
         5 => Some(GgmlType::Q4_K),
         6 => Some(GgmlType::Q5_K),
+        10 => Some(GgmlType::Q2_K),
+        11 => Some(GgmlType::IQ4_XS),
+        12 => Some(GgmlType::Q3_K),
         _ => None,
     };
     let k = if k_quant.is_some() {
@@ -80,13 +86,45 @@ pub fn packed_matrix(
             }
             blocks(GgmlType::Q4_0, bytes)
         }
-        (_, Some(GgmlType::Q6_K)) => {
+        (9, _) => {
+            // 5-bit values: a Q5_1 block (scale, min, fifth bits, nibbles) per 32 weights.
+            let mut bytes = Vec::new();
+            for b in 0..n * k / CELL_ROWS {
+                bytes.extend(f16(0.004 + (b % 7) as f32 * 0.001));
+                bytes.extend(f16(if b % 3 == 0 { 0.05 } else { -0.07 }));
+                bytes.extend((0..20).map(|i| byte(b * 20 + i)));
+            }
+            blocks(GgmlType::Q5_1, bytes)
+        }
+        (_, Some(t @ (GgmlType::Q6_K | GgmlType::Q3_K))) => {
+            // Values and scales random, the f16 scale last.
+            let block_bytes = t.block().1;
             let mut bytes = Vec::new();
             for b in 0..n * k / 256 {
-                bytes.extend((0..208).map(|i| byte(b * 208 + i)));
+                bytes.extend((0..block_bytes - 2).map(|i| byte(b * block_bytes + i)));
                 bytes.extend(f16(0.001 + (b % 5) as f32 * 0.0003));
             }
-            blocks(GgmlType::Q6_K, bytes)
+            blocks(t, bytes)
+        }
+        (_, Some(GgmlType::Q2_K)) => {
+            // Scales and mins, values random; the f16 scale and min last, the min of either sign.
+            let mut bytes = Vec::new();
+            for b in 0..n * k / 256 {
+                bytes.extend((0..80).map(|i| byte(b * 80 + i)));
+                bytes.extend(f16(0.003 + (b % 5) as f32 * 0.0005));
+                bytes.extend(f16(if b % 3 == 0 { -0.002 } else { 0.004 }));
+            }
+            blocks(GgmlType::Q2_K, bytes)
+        }
+        (_, Some(GgmlType::IQ4_XS)) => {
+            // The f16 scale first, of either sign; sub-block scales and indices random.
+            let mut bytes = Vec::new();
+            for b in 0..n * k / 256 {
+                let sign = if b % 4 == 1 { -1.0 } else { 1.0 };
+                bytes.extend(f16(sign * (0.0004 + (b % 5) as f32 * 0.0001)));
+                bytes.extend((0..134).map(|i| byte(b * 134 + i)));
+            }
+            blocks(GgmlType::IQ4_XS, bytes)
         }
         (_, Some(t)) => {
             // Q4_K, Q5_K: finite super-block scale and min of either sign, random scales, mins

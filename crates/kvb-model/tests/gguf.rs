@@ -99,7 +99,7 @@ fn a_truncated_gguf_file_is_an_error_at_open() {
     );
 }
 
-/// A tensor in a block type kvb does not read (here Q5_0) is an error at open naming the
+/// A tensor in a block type kvb does not read (here IQ2_XS) is an error at open naming the
 /// tensor and the type, and listing what kvb reads.
 #[test]
 fn a_tensor_of_an_unread_block_type_is_an_error_naming_it() {
@@ -113,13 +113,13 @@ fn a_tensor_of_an_unread_block_type_is_an_error_naming_it() {
         + name.len();
     let dims = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
     let type_at = at + 4 + 8 * dims;
-    bytes[type_at..type_at + 4].copy_from_slice(&6u32.to_le_bytes());
-    let err = GgufModel::from_bytes(Path::new("q5.gguf"), &bytes)
+    bytes[type_at..type_at + 4].copy_from_slice(&17u32.to_le_bytes());
+    let err = GgufModel::from_bytes(Path::new("iq2.gguf"), &bytes)
         .err()
         .expect("an unread type must not open")
         .to_string();
     assert!(
-        err.contains("blk.0.attn_q.weight") && err.contains("Q5_0") && err.contains("Q4_K"),
+        err.contains("blk.0.attn_q.weight") && err.contains("IQ2_XS") && err.contains("Q3_K"),
         "{err}"
     );
 }

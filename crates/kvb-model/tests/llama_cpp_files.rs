@@ -84,7 +84,7 @@ fn argmax(row: &[f32]) -> usize {
 #[test]
 fn llama_cpp_quantized_files_give_llama_cpps_logits() {
     let (tokens, vocab, files, _) = fixtures_of_llama_cpp();
-    assert!(files.len() >= 7, "every file type of make.py");
+    assert!(files.len() >= 13, "every file type of make.py");
     for f in &files {
         let got = logits(&f.gguf, &tokens, WeightPrecision::Auto);
         let want = &f.logits;
@@ -195,10 +195,30 @@ fn each_formats_top_token_agreement_with_the_f32_weights() {
     }
 }
 
+/// The most a file's matrices may take held as stored, against the file's bytes: 5% more where
+/// kvb keeps the blocks at their bits, else the widening of the types it holds in other cells
+/// (docs/models.md), less what the file keeps in types held at their bits.
+fn most_held(file: &str) -> f64 {
+    match file {
+        // 8-bit cells with f16 scales: 8.5 and 9 bits a weight against 5.5 and 6.
+        "q5_0" | "q5_1" => 8.5 / 5.5,
+        // IQ4_NL's table entries in 8-bit cells: 8.5 against 4.5; IQ4_XS's with f32 scales:
+        // 10 against 4.25.
+        "iq4_nl" => 8.5 / 4.5,
+        "iq4_xs" => 10.0 / 4.25,
+        // Q3_K in Q6_K's cells: 6.5625 against 3.4375.
+        "q3_k_m" => 6.5625 / 3.4375,
+        // Q2_K in 4-bit cells of 16 rows with f32 scales and offsets: 8 against 2.625.
+        "q2_k" => 8.0 / 2.625,
+        _ => 1.05,
+    }
+}
+
 /// Kept as stored, a file's matrices take the file's bytes: K-quant files (Q4_K_M, Q5_K_M,
 /// Q6_K, whose fused q/k/v mix Q4_K or Q5_K with Q6_K) and Q4_0, Q4_1 and Q8_0 files (their
 /// f16 scales kept) within 5% of the bytes of the file's matrices, where widening their blocks
-/// (or their scales to f32) took 1.2-1.8x. F16 is held at its 16 bits.
+/// (or their scales to f32) took 1.2-1.8x. F16 is held at its 16 bits. Files of types kvb
+/// holds widened take no more than that widening ([`most_held`]).
 #[test]
 fn quantized_files_kept_as_stored_take_the_files_bytes() {
     let (_, _, files, _) = fixtures_of_llama_cpp();
@@ -227,8 +247,12 @@ fn quantized_files_kept_as_stored_take_the_files_bytes() {
             f.name,
             model.weight_bytes()
         );
-        assert!(ratio <= 1.05, "{}: {ratio:.3}x the file's bytes", f.name);
+        assert!(
+            ratio <= most_held(&f.name),
+            "{}: {ratio:.3}x the file's bytes",
+            f.name
+        );
         checked += 1;
     }
-    assert_eq!(checked, 7, "q4_0, q4_1, q8_0, q4_k_m, q5_k_m, q6_k and f16");
+    assert_eq!(checked, 13, "every file type of make.py");
 }

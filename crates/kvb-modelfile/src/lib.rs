@@ -2,8 +2,9 @@
 //!
 //! What a runtime needs from the files people download, as host data, with no tensor library:
 //! - [`gguf`]: a `.gguf` file parsed (header, metadata, tensor table; truncated or corrupt files
-//!   are errors with the byte offset), its block types ([`gguf::GgmlType`]: Q4_0, Q4_1, Q8_0,
-//!   Q4_K, Q5_K, Q6_K, F16, BF16, F32) with their dequantization to the f32 values llama.cpp's
+//!   are errors with the byte offset), its block types ([`gguf::GgmlType`]: Q4_0, Q4_1, Q5_0,
+//!   Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, F16, BF16, F32) with their
+//!   dequantization to the f32 values llama.cpp's
 //!   own code gives, GGUF tensor names turned into HuggingFace names and layout (llama.cpp's
 //!   Q/K row permutation undone), the model's config from its metadata, and its tokenizer as a
 //!   HuggingFace `tokenizer.json` (byte-level BPE and SentencePiece vocabularies);

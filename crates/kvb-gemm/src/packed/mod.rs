@@ -93,8 +93,8 @@ impl Scales {
     fn of_file(t: GgmlType) -> Option<Scales> {
         match t {
             GgmlType::Q4_0 => Some(Scales::HalfCentred),
-            GgmlType::Q4_1 => Some(Scales::Half),
-            GgmlType::Q8_0 => Some(Scales::HalfOnly),
+            GgmlType::Q4_1 | GgmlType::Q5_1 => Some(Scales::Half),
+            GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::IQ4_NL => Some(Scales::HalfOnly),
             _ => None,
         }
     }
@@ -185,12 +185,14 @@ impl CellValues {
         }
     }
 
-    /// The K-quant cells that keep tensors of `t` at the file's bits, if `t` is a K-quant.
+    /// The K-quant cells that keep tensors of `t`, if `t` is a K-quant they hold exactly: at
+    /// the file's bits, or for Q3_K as the Q6_K cells of the same values (6.56 bits a weight
+    /// against 3.44: Q3_K has no kernels of its own yet, and Q6_K's read it at memory speed).
     fn of_k_quant(t: GgmlType) -> Option<CellValues> {
         match t {
             GgmlType::Q4_K => Some(CellValues::Q4K),
             GgmlType::Q5_K => Some(CellValues::Q5K),
-            GgmlType::Q6_K => Some(CellValues::Q6K),
+            GgmlType::Q3_K | GgmlType::Q6_K => Some(CellValues::Q6K),
             _ => None,
         }
     }
@@ -291,10 +293,16 @@ fn type_name(t: GgmlType) -> &'static str {
     match t {
         GgmlType::Q4_0 => "q4_0",
         GgmlType::Q4_1 => "q4_1",
+        GgmlType::Q5_0 => "q5_0",
+        GgmlType::Q5_1 => "q5_1",
         GgmlType::Q8_0 => "q8_0",
+        GgmlType::Q2_K => "q2_k",
+        GgmlType::Q3_K => "q3_k",
         GgmlType::Q4_K => "q4_k",
         GgmlType::Q5_K => "q5_k",
         GgmlType::Q6_K => "q6_k",
+        GgmlType::IQ4_NL => "iq4_nl",
+        GgmlType::IQ4_XS => "iq4_xs",
         GgmlType::F32 => "f32",
         GgmlType::F16 => "f16",
         GgmlType::Bf16 => "bf16",
@@ -315,7 +323,10 @@ impl PackedMatrix {
             return Self::from_floats(values, &parts);
         }
         if let Some(values) = CellValues::of_k_quant(first.ggml_type) {
-            if parts.iter().all(|p| p.ggml_type == first.ggml_type) {
+            if parts
+                .iter()
+                .all(|p| CellValues::of_k_quant(p.ggml_type) == Some(values))
+            {
                 return Self::from_k_quants(values, &parts);
             }
         }
@@ -395,11 +406,13 @@ impl PackedMatrix {
             );
     }
 
-    /// K-quant parts, every one of the type `values` keeps, at the file's bits ([`kcells`]).
+    /// K-quant parts, every one of a type `values` keeps ([`CellValues::of_k_quant`]), at the
+    /// file's bits or Q3_K's widened ([`kcells`]).
     fn from_k_quants(values: CellValues, parts: &[&BlockTensor]) -> Result<Self> {
         let (t, k) = (parts[0].ggml_type, parts[0].cols);
-        let (per_block, block_bytes) = t.block();
+        let per_block = t.block().0;
         for p in parts {
+            let block_bytes = p.ggml_type.block().1;
             if p.cols != k
                 || k % per_block != 0
                 || p.bytes.len() != p.rows * k / per_block * block_bytes
@@ -415,10 +428,17 @@ impl PackedMatrix {
             }
         }
         let n: usize = parts.iter().map(|p| p.rows).sum();
-        let mut out = PackedMatrix::zeroed(values, kcells::ROWS, k, n, type_name(t));
-        let rows: Vec<&[u8]> = parts
+        let source = match parts.iter().all(|p| p.ggml_type == t) {
+            true => type_name(t),
+            false => "mixed",
+        };
+        let mut out = PackedMatrix::zeroed(values, kcells::ROWS, k, n, source);
+        let rows: Vec<(GgmlType, &[u8])> = parts
             .iter()
-            .flat_map(|p| p.bytes.chunks_exact(k / per_block * block_bytes))
+            .flat_map(|p| {
+                let row_bytes = k / per_block * p.ggml_type.block().1;
+                p.bytes.chunks_exact(row_bytes).map(|r| (p.ggml_type, r))
+            })
             .collect();
         let cell_bytes = out.cell_bytes();
         let group_bytes = k / per_block * cell_bytes;
@@ -430,10 +450,12 @@ impl PackedMatrix {
             .for_each(|(g, cells)| {
                 let lanes = &rows[g * GROUP..((g + 1) * GROUP).min(rows.len())];
                 for (c, cell) in cells.chunks_exact_mut(cell_bytes).enumerate() {
-                    let at = c * block_bytes..(c + 1) * block_bytes;
                     let blocks: Vec<blocks::KBlock> = lanes
                         .iter()
-                        .map(|row| blocks::KBlock::read(t, &row[at.clone()]))
+                        .map(|&(t, row)| {
+                            let block_bytes = t.block().1;
+                            blocks::KBlock::read(t, &row[c * block_bytes..(c + 1) * block_bytes])
+                        })
                         .collect();
                     kcells::put(values, cell, &blocks);
                 }

@@ -35,7 +35,7 @@ fn blocks(ggml_type: GgmlType, rows: usize, cols: usize, seed: u64) -> BlockTens
         let scale = (next() % 2000) as f32 / 1000.0 - 1.0;
         let start = bytes.len();
         bytes.extend(half::f16::from_f32(scale * 0.05).to_le_bytes());
-        if ggml_type == GgmlType::Q4_1 {
+        if matches!(ggml_type, GgmlType::Q4_1 | GgmlType::Q5_1) {
             bytes.extend(half::f16::from_f32(scale * -0.3).to_le_bytes());
         }
         while bytes.len() - start < block_bytes {
@@ -50,11 +50,22 @@ fn blocks(ggml_type: GgmlType, rows: usize, cols: usize, seed: u64) -> BlockTens
     }
 }
 
-fn any_type() -> impl Strategy<Value = GgmlType> {
+/// Types of 32-weight blocks kept at the file's bytes.
+fn file_sized_type() -> impl Strategy<Value = GgmlType> {
     prop_oneof![
         Just(GgmlType::Q4_0),
         Just(GgmlType::Q4_1),
         Just(GgmlType::Q8_0)
+    ]
+}
+
+/// Every type of 32-weight blocks: the file-sized ones and those widened to 8-bit cells.
+fn any_type() -> impl Strategy<Value = GgmlType> {
+    prop_oneof![
+        file_sized_type(),
+        Just(GgmlType::Q5_0),
+        Just(GgmlType::Q5_1),
+        Just(GgmlType::IQ4_NL)
     ]
 }
 
@@ -212,10 +223,17 @@ fn k_blocks(ggml_type: GgmlType, rows: usize, cols: usize, seed: u64) -> BlockTe
     for _ in 0..rows * cols / per_block {
         let mut block: Vec<u8> = (0..block_bytes).map(|_| next() as u8).collect();
         let scale = |v: u32| half::f16::from_f32((v % 2001) as f32 / 1000.0 - 1.0).to_le_bytes();
-        let d_at = if ggml_type == GgmlType::Q6_K { 208 } else { 0 };
+        // Where each type keeps its f16 scale, and its min if it has one.
+        let (d_at, dmin_at) = match ggml_type {
+            GgmlType::Q6_K => (208, None),
+            GgmlType::Q3_K => (108, None),
+            GgmlType::Q2_K => (80, Some(82)),
+            GgmlType::IQ4_XS => (0, None),
+            _ => (0, Some(2)),
+        };
         block[d_at..d_at + 2].copy_from_slice(&scale(next()));
-        if ggml_type != GgmlType::Q6_K {
-            block[2..4].copy_from_slice(&scale(next()));
+        if let Some(at) = dmin_at {
+            block[at..at + 2].copy_from_slice(&scale(next()));
         }
         bytes.extend(block);
     }
@@ -227,12 +245,20 @@ fn k_blocks(ggml_type: GgmlType, rows: usize, cols: usize, seed: u64) -> BlockTe
     }
 }
 
+/// K-quants kept in K-quant cells (Q3_K in Q6_K's).
 fn any_k_type() -> impl Strategy<Value = GgmlType> {
     prop_oneof![
+        Just(GgmlType::Q3_K),
         Just(GgmlType::Q4_K),
         Just(GgmlType::Q5_K),
         Just(GgmlType::Q6_K)
     ]
+}
+
+/// Types of 256-weight blocks kept in integer cells with f32 scales (their sub-blocks' scales
+/// are not f16 numbers).
+fn any_f32_scaled_type() -> impl Strategy<Value = GgmlType> {
+    prop_oneof![Just(GgmlType::Q2_K), Just(GgmlType::IQ4_XS)]
 }
 
 proptest! {
@@ -283,18 +309,71 @@ proptest! {
     }
 
     /// K-quant cells hold the file's bytes: Q6_K exactly, Q4_K and Q5_K within 3% (their 6-bit
-    /// scales and mins take a byte each), for whole groups of 8 columns.
+    /// scales and mins take a byte each), for whole groups of 8 columns; Q3_K takes Q6_K's.
     #[test]
     fn k_quant_cells_take_the_files_bytes(t in any_k_type(), groups in 1usize..6, blocks_per_row in 1usize..4) {
         let (rows, cols) = (groups * GROUP, blocks_per_row * 256);
         let tensor = k_blocks(t, rows, cols, 7);
         let packed = PackedMatrix::from_blocks(std::slice::from_ref(&tensor)).unwrap();
         let ratio = packed.bytes() as f64 / tensor.bytes.len() as f64;
-        if t == GgmlType::Q6_K {
-            prop_assert_eq!(packed.bytes(), tensor.bytes.len());
-        } else {
-            prop_assert!((1.0..1.03).contains(&ratio), "{:?}: {}", t, ratio);
+        match t {
+            GgmlType::Q6_K => prop_assert_eq!(packed.bytes(), tensor.bytes.len()),
+            GgmlType::Q3_K => prop_assert_eq!(packed.bytes(), tensor.bytes.len() / 110 * 210),
+            _ => prop_assert!((1.0..1.03).contains(&ratio), "{:?}: {}", t, ratio),
         }
+    }
+
+    /// Q2_K and IQ4_XS keep every value in integer cells with f32 scales: the dense expansion
+    /// and every column equal the GGUF expansion bit for bit, in as many bytes as the load
+    /// says (Q2_K: 4-bit values, a scale and offset per 16 rows; IQ4_XS: 8-bit values, per 32).
+    #[test]
+    fn f32_scaled_cells_equal_the_gguf_expansion(
+        t in any_f32_scaled_type(),
+        rows in proptest::collection::vec(1usize..21, 1..3),
+        blocks_per_row in 1usize..3,
+        seed in 0u64..1000,
+    ) {
+        let cols = blocks_per_row * 256;
+        let tensors: Vec<BlockTensor> =
+            rows.iter().enumerate().map(|(i, &r)| k_blocks(t, r, cols, seed + i as u64)).collect();
+        let packed = PackedMatrix::from_blocks(&tensors).unwrap();
+        let n: usize = rows.iter().sum();
+        let (values, cell_rows, bits) = match t {
+            GgmlType::Q2_K => (CellValues::Nibbles(Scales::F32), 16, 8),
+            _ => (CellValues::Bytes(Scales::F32), 32, 10),
+        };
+        prop_assert_eq!((packed.cell_values(), packed.cell_rows()), (values, cell_rows));
+        prop_assert_eq!(packed.bytes(), n.div_ceil(GROUP) * GROUP * cols * bits / 8);
+        let dense = packed.to_dense();
+        let mut j = 0;
+        for tensor in &tensors {
+            let want = tensor.to_f32();
+            for r in 0..tensor.rows {
+                for i in 0..cols {
+                    prop_assert_eq!(dense[i * n + j].to_bits(), want[r * cols + i].to_bits(), "column {} row {}", j, i);
+                }
+                prop_assert_eq!(&packed.column(j)[..], &want[r * cols..(r + 1) * cols]);
+                j += 1;
+            }
+        }
+    }
+
+    /// Q5_0, Q5_1 and IQ4_NL keep the file's f16 scales (and Q5_1's offsets) in 8-bit cells:
+    /// 34, 36 and 34 bytes per 32 weights against the file's 22, 24 and 18.
+    #[test]
+    fn widened_32_weight_blocks_take_8_bit_cells(
+        t in prop_oneof![Just(GgmlType::Q5_0), Just(GgmlType::Q5_1), Just(GgmlType::IQ4_NL)],
+        groups in 1usize..6, blocks_per_row in 1usize..4,
+    ) {
+        let (rows, cols) = (groups * GROUP, blocks_per_row * CELL_ROWS);
+        let tensor = blocks(t, rows, cols, 13);
+        let packed = PackedMatrix::from_blocks(std::slice::from_ref(&tensor)).unwrap();
+        let (scales, cell) = match t {
+            GgmlType::Q5_1 => (Scales::Half, 36),
+            _ => (Scales::HalfOnly, 34),
+        };
+        prop_assert_eq!(packed.cell_values(), CellValues::Bytes(scales));
+        prop_assert_eq!(packed.bytes(), rows * cols / CELL_ROWS * cell);
     }
 }
 
@@ -302,7 +381,7 @@ proptest! {
     /// Q4_0, Q4_1 and Q8_0 cells keep the file's f16 scales (and Q4_1's f16 offsets): for
     /// whole groups of 8 columns, exactly the file's bytes.
     #[test]
-    fn integer_cells_take_the_files_bytes(t in any_type(), groups in 1usize..6, blocks_per_row in 1usize..4) {
+    fn integer_cells_take_the_files_bytes(t in file_sized_type(), groups in 1usize..6, blocks_per_row in 1usize..4) {
         let (rows, cols) = (groups * GROUP, blocks_per_row * CELL_ROWS);
         let tensor = blocks(t, rows, cols, 11);
         let packed = PackedMatrix::from_blocks(std::slice::from_ref(&tensor)).unwrap();
@@ -369,5 +448,14 @@ fn k_quant_tensors_that_cannot_be_kept_are_errors() {
     for i in 0..256 {
         assert_eq!(dense[i * 16], wa[i]);
         assert_eq!(dense[i * 16 + 8], wb[i]);
+    }
+    // Q3_K beside Q6_K (a Q3_K_M file's attention) shares Q6_K's cells, bits and all.
+    let c = k_blocks(GgmlType::Q3_K, 8, 256, 3);
+    let both = PackedMatrix::from_blocks(&[c.clone(), b]).unwrap();
+    assert_eq!(both.cell_values(), CellValues::Q6K);
+    let (dense, wc) = (both.to_dense(), c.to_f32());
+    for i in 0..256 {
+        assert_eq!(dense[i * 16].to_bits(), wc[i].to_bits());
+        assert_eq!(dense[i * 16 + 8].to_bits(), wb[i].to_bits());
     }
 }

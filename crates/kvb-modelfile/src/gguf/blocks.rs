@@ -1,10 +1,13 @@
-//! Reading ggml's quantized blocks apart: every weight of Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K
-//! is `q * scale + offset` for a small integer `q` and a scale and offset shared by a run of 16
-//! or 32 weights (a sub-block). The product is exact in f32 (a scale of at most 19 significant
-//! bits times an integer of at most 6), so that expression rounds once, exactly as llama.cpp's
-//! own dequantization does; [`super::dequantize`] and the CPU kernels (kvb-model's `packed`) both start from here.
+//! Reading ggml's quantized blocks apart: every weight of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K,
+//! Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS is `q * scale + offset` for a small integer `q` (at
+//! most 8 bits: IQ4's table entries) and a scale and offset shared by a run of 16 or 32 weights
+//! (a sub-block). The product is exact in f32 (a scale of at most 19 significant bits times an
+//! integer of at most 6, or IQ4_XS's of at most 16 times a table entry of 7), so that expression
+//! rounds once, exactly as llama.cpp's own dequantization does; [`super::dequantize`] and the
+//! CPU kernels (kvb-gemm's `packed`) both start from here.
 //!
-//! Formats as ggml defines them (`ggml-common.h`, `ggml-quants.c`); K-quants hold 256 weights.
+//! Formats as ggml defines them (`ggml-common.h`, `ggml-quants.c`); K-quants and IQ4_XS hold
+//! 256 weights.
 
 use super::parse::GgmlType;
 
@@ -30,17 +33,25 @@ fn f16_at(b: &[u8], at: usize) -> f32 {
     half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
 }
 
+/// IQ4_NL's and IQ4_XS's 16 values (`kvalues_iq4nl` in ggml).
+const IQ4_VALUES: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
 /// Weights per sub-block (sharing one scale and offset) of a quantized type.
 pub fn sub_block_len(t: GgmlType) -> usize {
     match t {
-        GgmlType::Q6_K => 16,
+        GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q6_K => 16,
         _ => 32,
     }
 }
 
-/// Whether the type's integers need more than 4 bits.
+/// Whether the type's integers ([`Coded::q`]) are not all unsigned 4-bit ones.
 pub fn wider_than_4_bits(t: GgmlType) -> bool {
-    matches!(t, GgmlType::Q8_0 | GgmlType::Q5_K | GgmlType::Q6_K)
+    !matches!(
+        t,
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4_K | GgmlType::Q2_K
+    )
 }
 
 /// Whether [`decode`] reads this type.
@@ -79,8 +90,77 @@ pub fn decode(t: GgmlType, block: &[u8], out: &mut Vec<Coded>) {
                 push(d, -0.0, b as i8 as i32);
             }
         }
+        // Q4_0's and Q4_1's nibbles with a fifth bit from `qh` (bit j for weight j); Q5_0's
+        // values are offset by 16 (d (q - 16)), Q5_1's have a min (d q + m).
+        GgmlType::Q5_0 | GgmlType::Q5_1 => {
+            let d = f16_at(block, 0);
+            let (offset, at) = match t {
+                GgmlType::Q5_0 => (-0.0, 2),
+                _ => (f16_at(block, 2), 4),
+            };
+            let qh = u32::from_le_bytes([block[at], block[at + 1], block[at + 2], block[at + 3]]);
+            let qs = &block[at + 4..at + 20];
+            let bias = if t == GgmlType::Q5_0 { 16 } else { 0 };
+            for (half, shift) in [0, 4].into_iter().enumerate() {
+                for (j, &b) in qs.iter().enumerate() {
+                    let high = ((qh >> (16 * half + j)) & 1) << 4;
+                    push(
+                        d,
+                        offset,
+                        (((b >> shift) & 0x0f) as i32 | high as i32) - bias,
+                    );
+                }
+            }
+        }
+        // Indices into IQ4's table: d * value, low nibbles first as in Q4_0.
+        GgmlType::IQ4_NL => {
+            let d = f16_at(block, 0);
+            for shift in [0, 4] {
+                for &b in &block[2..18] {
+                    push(d, -0.0, IQ4_VALUES[((b >> shift) & 0x0f) as usize] as i32);
+                }
+            }
+        }
+        // 8 sub-blocks of 32, each IQ4_NL's layout under the scale d (ls - 32), its 6-bit ls
+        // split into 4 low bits (`scales_l`) and 2 high ones (`scales_h`). The scale is exact
+        // in f32 (11 bits times 6), not in f16.
+        GgmlType::IQ4_XS => {
+            let d = f16_at(block, 0);
+            let high = u16::from_le_bytes([block[2], block[3]]);
+            for s in 0..8 {
+                let low = (block[4 + s / 2] >> (4 * (s % 2))) & 0x0f;
+                let ls = low as i32 | (((high >> (2 * s)) & 3) as i32) << 4;
+                let scale = d * (ls - 32) as f32;
+                let qs = &block[8 + 16 * s..8 + 16 * s + 16];
+                for shift in [0, 4] {
+                    for &b in qs {
+                        push(
+                            scale,
+                            -0.0,
+                            IQ4_VALUES[((b >> shift) & 0x0f) as usize] as i32,
+                        );
+                    }
+                }
+            }
+        }
+        // 2-bit values: each run of 32 bytes holds 4 planes (bit pairs 0-1, 2-3, ...) of 32
+        // weights, two sub-blocks of 16 each, with a 4-bit scale (low) and min (high) per
+        // sub-block: d sc q - dmin m.
+        GgmlType::Q2_K => {
+            let (d, dmin) = (f16_at(block, 80), f16_at(block, 82));
+            let (scales, qs) = (&block[..16], &block[16..80]);
+            for (s, &sc) in scales.iter().enumerate() {
+                let (half, plane, part) = (s / 8, (s % 8) / 2, s % 2);
+                let scale = d * (sc & 0x0f) as f32;
+                let offset = -(dmin * (sc >> 4) as f32);
+                let bytes = &qs[half * 32 + part * 16..half * 32 + part * 16 + 16];
+                for &b in bytes {
+                    push(scale, offset, ((b >> (2 * plane)) & 3) as i32);
+                }
+            }
+        }
         // K-quants: the block read apart once ([`KBlock`]), each weight from its sub-block.
-        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+        GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
             let k = KBlock::read(t, block);
             for (r, &q) in k.q.iter().enumerate() {
                 let (scale, offset) = k.sub_scale(r / k.sub_len);
@@ -115,7 +195,9 @@ pub struct KBlock {
 }
 
 impl KBlock {
-    /// Reads one block of `t` (Q4_K, Q5_K or Q6_K).
+    /// Reads one block of `t` (Q3_K, Q4_K, Q5_K or Q6_K). A Q3_K block is read as the Q6_K
+    /// block of the same values: its 6-bit scales less 32 are Q6_K's int8 scales and its 3-bit
+    /// values plus 32 are 6-bit values within Q6_K's bias (same sub-blocks of 16, same `d`).
     ///
     /// # Panics
     /// If `block` is shorter than one block of `t`: callers check a tensor's size against its
@@ -130,6 +212,28 @@ impl KBlock {
             sub_len: 32,
             bias: 0,
         };
+        if t == GgmlType::Q3_K {
+            // hmask (32), qs (64), scales (12), d. Each half's 32 bytes of qs hold 4 planes of
+            // bit pairs; plane p of half h takes its high bit from bit 4h + p of hmask's bytes,
+            // and a clear high bit subtracts 4.
+            let (hmask, qs) = (&block[..32], &block[32..96]);
+            k.d = [block[108], block[109]];
+            (k.sub_len, k.bias) = (16, 32);
+            for (s, sc) in q3_k_scales(&block[96..108]).into_iter().enumerate() {
+                k.sc[s] = (sc as i8 - 32) as u8;
+            }
+            for half in 0..2 {
+                for plane in 0..4 {
+                    for l in 0..32 {
+                        let low = (qs[half * 32 + l] >> (2 * plane)) & 3;
+                        let high = (hmask[l] >> (4 * half + plane)) & 1;
+                        // q3 = low - 4 (high clear) or low; stored as q3 + 32.
+                        k.q[half * 128 + plane * 32 + l] = 28 + low + 4 * high;
+                    }
+                }
+            }
+            return k;
+        }
         if t == GgmlType::Q6_K {
             // 2 halves of 128: 4 runs of 32 from the low/high nibbles of ql and 2-bit pairs of
             // qh; an int8 scale per 16.
@@ -191,6 +295,17 @@ impl KBlock {
         let dmin = half::f16::from_le_bytes(self.dmin).to_f32();
         (d * self.sc[s] as f32, -(dmin * self.m[s] as f32))
     }
+}
+
+/// Q3_K's 16 sub-block scales (6 bits, unsigned) from its 12 packed bytes: the low 4 bits of
+/// scale `s` are nibble `s / 8` of byte `s % 8`, its high 2 bits are pair `s / 4` of byte
+/// `8 + s % 4` (ggml's `kmask` shuffle in `dequantize_row_q3_K`).
+fn q3_k_scales(packed: &[u8]) -> [u8; 16] {
+    std::array::from_fn(|s| {
+        let low = (packed[s % 8] >> (4 * (s / 8))) & 0x0f;
+        let high = (packed[8 + s % 4] >> (2 * (s / 4))) & 3;
+        low | high << 4
+    })
 }
 
 /// The 6-bit scale and min of sub-block `j` (0..8) from a K-quant's 12 packed bytes.

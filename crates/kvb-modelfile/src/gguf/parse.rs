@@ -69,8 +69,20 @@ pub enum GgmlType {
     Q4_0,
     /// 32 weights: f16 scale, f16 minimum, 16 bytes of 4-bit values.
     Q4_1,
+    /// 32 weights: f16 scale, 32 fifth bits, 16 bytes of 4-bit values; 5-bit values offset by 16.
+    Q5_0,
+    /// 32 weights: f16 scale and min, 32 fifth bits, 16 bytes of 4-bit values.
+    Q5_1,
     /// 32 weights: f16 scale, 32 signed bytes.
     Q8_0,
+    /// 256 weights: 16 sub-blocks of 16 with 4-bit scales and mins, 2-bit values, f16 scale
+    /// and min.
+    #[allow(non_camel_case_types)]
+    Q2_K,
+    /// 256 weights: 16 sub-blocks of 16 with 6-bit scales offset by 32, 3-bit values offset
+    /// by 4 (2 low bits and a plane of high bits), f16 scale.
+    #[allow(non_camel_case_types)]
+    Q3_K,
     /// 256 weights: f16 scale and min, 8 sub-blocks of 32 with 6-bit scales and mins, 4-bit values.
     #[allow(non_camel_case_types)]
     Q4_K,
@@ -80,6 +92,13 @@ pub enum GgmlType {
     /// 256 weights: 16 sub-blocks of 16 with int8 scales, 6-bit values offset by 32, f16 scale.
     #[allow(non_camel_case_types)]
     Q6_K,
+    /// 32 weights: f16 scale, 16 bytes of 4-bit indices into a fixed table of 16 integers.
+    #[allow(non_camel_case_types)]
+    IQ4_NL,
+    /// 256 weights: IQ4_NL's table, 8 sub-blocks of 32 with 6-bit scales offset by 32, f16
+    /// scale.
+    #[allow(non_camel_case_types)]
+    IQ4_XS,
 }
 
 /// ggml's name of a type id (`ggml.h`'s `enum ggml_type`), for messages about types kvb does
@@ -137,10 +156,16 @@ impl GgmlType {
             1 => GgmlType::F16,
             2 => GgmlType::Q4_0,
             3 => GgmlType::Q4_1,
+            6 => GgmlType::Q5_0,
+            7 => GgmlType::Q5_1,
             8 => GgmlType::Q8_0,
+            10 => GgmlType::Q2_K,
+            11 => GgmlType::Q3_K,
             12 => GgmlType::Q4_K,
             13 => GgmlType::Q5_K,
             14 => GgmlType::Q6_K,
+            20 => GgmlType::IQ4_NL,
+            23 => GgmlType::IQ4_XS,
             30 => GgmlType::Bf16,
             _ => return None,
         })
@@ -153,10 +178,16 @@ impl GgmlType {
             GgmlType::F16 | GgmlType::Bf16 => (1, 2),
             GgmlType::Q4_0 => (32, 18),
             GgmlType::Q4_1 => (32, 20),
+            GgmlType::Q5_0 => (32, 22),
+            GgmlType::Q5_1 => (32, 24),
             GgmlType::Q8_0 => (32, 34),
+            GgmlType::Q2_K => (256, 84),
+            GgmlType::Q3_K => (256, 110),
             GgmlType::Q4_K => (256, 144),
             GgmlType::Q5_K => (256, 176),
             GgmlType::Q6_K => (256, 210),
+            GgmlType::IQ4_NL => (32, 18),
+            GgmlType::IQ4_XS => (256, 136),
         }
     }
 }
@@ -347,8 +378,9 @@ impl GgufHeader {
             let Some(ggml_type) = GgmlType::from_id(type_id) else {
                 return c.fail(format!(
                     "tensor `{name}` is stored as {} (ggml type {type_id}), which kvb does not read; \
-                     it reads F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K (a Q4_K_M, \
-                     Q5_K_M, Q6_K or Q8_0 file)",
+                     it reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, \
+                     Q5_K, Q6_K, IQ4_NL and IQ4_XS (files such as Q4_K_M, Q5_K_M, Q6_K, Q8_0, \
+                     Q3_K_M, Q2_K and IQ4_XS)",
                     ggml_type_name(type_id)
                 ));
             };
