@@ -495,6 +495,16 @@ impl<B: ModelBackend> Engine<B> {
 
     /// As [`Engine::warm`], from token ids.
     pub fn warm_tokens(&self, tokens: &[u32]) -> Result<WarmResult, EngineError> {
+        self.warm_tokens_in(tokens, None)
+    }
+
+    /// As [`Engine::warm_tokens`], cached under `cache_scope` ([`GenerateOptions::cache_scope`]):
+    /// only requests of that scope reuse it.
+    pub fn warm_tokens_in(
+        &self,
+        tokens: &[u32],
+        cache_scope: Option<Vec<u8>>,
+    ) -> Result<WarmResult, EngineError> {
         if tokens.is_empty() {
             return Ok(WarmResult {
                 chunks_stored: 0,
@@ -506,6 +516,7 @@ impl<B: ModelBackend> Engine<B> {
         let options = GenerateOptions {
             max_new_tokens: 0,
             mode: GenerationMode::PrefixCache,
+            cache_scope,
             ..Default::default()
         };
         let r = self

@@ -105,3 +105,45 @@ fn a_salted_request_neither_hits_nor_fills_the_shared_cache() {
     assert!(cached >= n - 1, "the salt's own repeat: {cached} of {n}");
     assert_eq!(answer, first);
 }
+
+/// `POST /v1/warm` caches for the caller's tenant and salt: what alpha warms is a hit for
+/// alpha's requests only, and a salted warm only for that salt.
+#[test]
+fn a_warm_is_cached_for_its_own_tenant_and_salt() {
+    let (_d, s) = tiny_server(&["--api-key", "alpha,beta"]);
+    let warm = |key: &str, salt: Option<&str>, text: &str| {
+        let mut body = json!({"messages": [{"role": "user", "content": text}]});
+        if let Some(salt) = salt {
+            body["cache_salt"] = json!(salt);
+        }
+        let r = client()
+            .post(s.url("/v1/warm"))
+            .bearer_auth(key)
+            .json(&body)
+            .send()
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+    };
+    let (doc, salted) = (words(5, 40), words(6, 40));
+    warm("alpha", None, &doc);
+    warm("alpha", Some("s"), &salted);
+    assert_eq!(
+        ask(&s, Some("beta"), None, &doc).1,
+        0,
+        "beta reads alpha's warm"
+    );
+    assert_eq!(
+        ask(&s, Some("alpha"), Some("s"), &doc).1,
+        0,
+        "a salt reads the unsalted"
+    );
+    let (n, cached, _) = ask(&s, Some("alpha"), None, &doc);
+    assert!(cached >= n / 2, "alpha's warm served {cached} of {n}");
+    assert_eq!(
+        ask(&s, Some("alpha"), None, &salted).1,
+        0,
+        "the unsalted reads a salt's"
+    );
+    let (n, cached, _) = ask(&s, Some("alpha"), Some("s"), &salted);
+    assert!(cached >= n / 2, "the salted warm served {cached} of {n}");
+}

@@ -493,6 +493,9 @@ pub struct WarmRequest {
     pub text: Option<String>,
     /// Or chat messages (the template's generation prompt is not added).
     pub messages: Option<Vec<ChatMessageIn>>,
+    /// Cached for requests with this salt only (and, with several API keys, for the caller's
+    /// key), as a completion's `cache_salt` is.
+    pub cache_salt: Option<String>,
 }
 
 /// What `POST /v1/warm` did.

@@ -31,8 +31,11 @@ pub trait ServedEngine: Send + Sync {
         request: kvb_engine::Request,
         sink: Box<dyn EventSink>,
     ) -> Result<RequestTicket, EngineError>;
-    fn warm(&self, text: &str) -> Result<WarmResult, EngineError>;
-    fn warm_tokens(&self, tokens: &[u32]) -> Result<WarmResult, EngineError>;
+    fn warm_tokens(
+        &self,
+        tokens: &[u32],
+        cache_scope: Option<Vec<u8>>,
+    ) -> Result<WarmResult, EngineError>;
     fn paged_stats(&self) -> PoolStats;
     fn cache_stats(&self) -> StoreStats;
     fn flush(&self) -> Result<(), EngineError>;
@@ -55,11 +58,12 @@ impl<B: ModelBackend> ServedEngine for Engine<B> {
     ) -> Result<RequestTicket, EngineError> {
         Engine::submit_to(self, request, sink)
     }
-    fn warm(&self, text: &str) -> Result<WarmResult, EngineError> {
-        Engine::warm(self, text)
-    }
-    fn warm_tokens(&self, tokens: &[u32]) -> Result<WarmResult, EngineError> {
-        Engine::warm_tokens(self, tokens)
+    fn warm_tokens(
+        &self,
+        tokens: &[u32],
+        cache_scope: Option<Vec<u8>>,
+    ) -> Result<WarmResult, EngineError> {
+        Engine::warm_tokens_in(self, tokens, cache_scope)
     }
     fn paged_stats(&self) -> PoolStats {
         Engine::paged_stats(self)

@@ -343,7 +343,7 @@ fn job(
 /// Whose cache a request uses: its tenant's (with several API keys) and, within it, its
 /// `cache_salt`'s; `None` (the shared cache) with neither. Each part is length-prefixed, so no
 /// tenant and salt can spell another pair.
-fn cache_scope(tenant: &Tenant, salt: Option<&str>) -> Option<Vec<u8>> {
+pub(super) fn cache_scope(tenant: &Tenant, salt: Option<&str>) -> Option<Vec<u8>> {
     if tenant.key.is_none() && salt.is_none() {
         return None;
     }

@@ -1,10 +1,10 @@
 //! The routes around generation: models, health, warming, stats, metrics, the OpenAPI document.
 
 use super::api::{ErrorBody, Health, ModelCard, ModelList, WarmRequest, WarmResponse};
-use super::app::AppState;
+use super::app::{AppState, Tenant};
 use super::body::ApiJson;
 use super::chat_prompt::chat_prompt_tokens;
-use super::completions::chat_messages;
+use super::completions::{cache_scope, chat_messages};
 use super::error::ApiError;
 use axum::extract::State;
 use axum::http::header;
@@ -44,8 +44,12 @@ pub async fn health() -> Json<Health> {
 /// Computes text (or messages) and keeps its K/V, so later prompts holding it reuse it.
 pub async fn warm(
     State(app): State<Arc<AppState>>,
+    tenant: Option<Extension<Tenant>>,
     ApiJson(req): ApiJson<WarmRequest>,
 ) -> Result<Json<WarmResponse>, ApiError> {
+    // Cached for the caller's tenant and salt, as its requests would be.
+    let tenant = tenant.map(|Extension(t)| t).unwrap_or_default();
+    let scope = cache_scope(&tenant, req.cache_salt.as_deref());
     enum Warm {
         Text(String),
         Chat(super::tools::ChatPrompt),
@@ -69,11 +73,16 @@ pub async fn warm(
     let r = tokio::time::timeout(
         app.settings.request_timeout,
         tokio::task::spawn_blocking(move || match what {
-            Warm::Text(text) => engine.warm(&text).map_err(ApiError::from),
+            Warm::Text(text) => {
+                let tokens = engine.tokenizer().encode(&text, false).map_err(|e| {
+                    ApiError::bad_request(format!("cannot tokenize `text`: {e}"), Some("text"))
+                })?;
+                engine.warm_tokens(&tokens, scope).map_err(ApiError::from)
+            }
             // Tokenized as a chat request's messages, so that one holding them hits.
             Warm::Chat(m) => {
                 let tokens = chat_prompt_tokens(engine.tokenizer(), &m, false, trusted)?;
-                engine.warm_tokens(&tokens).map_err(ApiError::from)
+                engine.warm_tokens(&tokens, scope).map_err(ApiError::from)
             }
         }),
     )
