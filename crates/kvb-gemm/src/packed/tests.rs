@@ -245,6 +245,34 @@ fn k_blocks(ggml_type: GgmlType, rows: usize, cols: usize, seed: u64) -> BlockTe
     }
 }
 
+/// The dense expansion and every column of `packed`, the stack of `parts`, are each part's
+/// GGUF expansion bit for bit.
+fn same_bits_as_the_expansion(
+    packed: &PackedMatrix,
+    parts: &[BlockTensor],
+) -> Result<(), TestCaseError> {
+    let (cols, n) = (packed.k(), packed.n());
+    let dense = packed.to_dense();
+    let mut j = 0;
+    for tensor in parts {
+        let want = tensor.to_f32();
+        for r in 0..tensor.rows {
+            for i in 0..cols {
+                let (got, want) = (dense[i * n + j], want[r * cols + i]);
+                prop_assert_eq!(got.to_bits(), want.to_bits(), "column {} row {}", j, i);
+            }
+            let column: Vec<u32> = packed.column(j).iter().map(|v| v.to_bits()).collect();
+            let expected: Vec<u32> = want[r * cols..(r + 1) * cols]
+                .iter()
+                .map(|v| v.to_bits())
+                .collect();
+            prop_assert_eq!(column, expected);
+            j += 1;
+        }
+    }
+    Ok(())
+}
+
 /// K-quants kept in K-quant cells (Q3_K in Q6_K's).
 fn any_k_type() -> impl Strategy<Value = GgmlType> {
     prop_oneof![
@@ -280,20 +308,8 @@ proptest! {
         let n: usize = rows.iter().sum();
         prop_assert!(packed.cell_values().is_k_quant());
         prop_assert_eq!((packed.k(), packed.n()), (cols, n));
+        same_bits_as_the_expansion(&packed, &tensors)?;
         let dense = packed.to_dense();
-        let mut j = 0;
-        for tensor in &tensors {
-            let want = tensor.to_f32();
-            for r in 0..tensor.rows {
-                for i in 0..cols {
-                    prop_assert_eq!(dense[i * n + j].to_bits(), want[r * cols + i].to_bits(), "column {} row {}", j, i);
-                }
-                let column: Vec<u32> = packed.column(j).iter().map(|v| v.to_bits()).collect();
-                let expected: Vec<u32> = want[r * cols..(r + 1) * cols].iter().map(|v| v.to_bits()).collect();
-                prop_assert_eq!(column, expected);
-                j += 1;
-            }
-        }
         // A window, through the panels' path (the vector kernels where the CPU has them).
         let j0 = (g0 * GROUP).min((n - 1) / GROUP * GROUP);
         let width = n - j0;
@@ -344,18 +360,7 @@ proptest! {
         };
         prop_assert_eq!((packed.cell_values(), packed.cell_rows()), (values, cell_rows));
         prop_assert_eq!(packed.bytes(), n.div_ceil(GROUP) * GROUP * cols * bits / 8);
-        let dense = packed.to_dense();
-        let mut j = 0;
-        for tensor in &tensors {
-            let want = tensor.to_f32();
-            for r in 0..tensor.rows {
-                for i in 0..cols {
-                    prop_assert_eq!(dense[i * n + j].to_bits(), want[r * cols + i].to_bits(), "column {} row {}", j, i);
-                }
-                prop_assert_eq!(&packed.column(j)[..], &want[r * cols..(r + 1) * cols]);
-                j += 1;
-            }
-        }
+        same_bits_as_the_expansion(&packed, &tensors)?;
     }
 
     /// Q5_0, Q5_1 and IQ4_NL keep the file's f16 scales (and Q5_1's offsets) in 8-bit cells:
