@@ -2,7 +2,7 @@
 # The GPU measurements of issue 44 in one pass, on a lent NVIDIA machine (no network there).
 #
 # Run from the repository root with the bundle that bench/gpu/bundle.sh made in .device/:
-# kvb and two test/bench binaries built with --features cuda, llama.cpp's CUDA tools, the gguf
+# kvb, the attention and model test binaries and a benchmark built with --features cuda, llama.cpp's CUDA tools, the gguf
 # wheel and the default model's tokenizer. Models are made there (random weights, real shapes:
 # xtask/shapes/make_shape.py, quantized by llama.cpp's llama-quantize). Every step has its own
 # time limit, so a failing step costs its limit and the rest still run; logs and JSON results
@@ -38,16 +38,22 @@ export PYTHONPATH=/tmp/site
 
 if want tests; then
 # TESTS picks the suites (default: all three).
+# A suite is a module of a crate's test binary; its ignored tests whose names hold a filter run.
+suite() {  # binary, module, filter
+  local names
+  names=$("$B/$1" --list --ignored 2>/dev/null | sed -n "s/^\($2::.*\): test\$/\1/p" | grep -F -- "$3")
+  [ -n "$names" ] && "$B/$1" --ignored --exact $names
+}
 if [[ " ${TESTS:-cube_matches_naive} " == *" cube_matches_naive "* ]]; then
 step "attention kernels vs the per-element answer (CUDA f32, f16, bf16)"
-timeout 180 "$B/cube_matches_naive" --ignored cuda 2>&1 | grep -v '^$' | tail -40
+timeout 180 bash -c "$(declare -f suite); B=$B; suite attn_tests cube_matches_naive cuda" 2>&1 | grep -v '^$' | tail -40
 fi
 step "kvb-model's kernels vs the reference ops (CUDA f32, f16, bf16)"
 for t in ${TESTS:-cube_ops device_sampling}; do
   [ $t = cube_matches_naive ] && continue
   # FILTER_<suite> narrows a suite to the tests whose names hold it (default: cuda).
   filter=FILTER_$t
-  [ -x "$B/$t" ] && timeout 120 "$B/$t" --ignored "${!filter:-cuda}" 2>&1 | grep -E '^test |test result|panicked|Test failed|minimal failing' | tail -24
+  [ -x "$B/model_tests" ] && timeout 120 bash -c "$(declare -f suite); B=$B; suite model_tests $t '${!filter:-cuda}'" 2>&1 | grep -E '^test |test result|panicked|Test failed|minimal failing' | tail -24
 done
 fi
 

@@ -6,10 +6,8 @@
 //! Mesa's lavapipe) and CUDA (ignored tests, run with `-- --ignored` where an NVIDIA GPU is).
 #![cfg(any(feature = "wgpu", feature = "cuda"))]
 
-mod common;
-
+use crate::common::paged_case::{as_stored, case, close_within, tolerance};
 use burn::tensor::{Distribution, Tensor, TensorData};
-use common::paged_case::{as_stored, case, close_within, tolerance};
 use kvb_attn::{
     attention, float_on, AttentionBackend, Kernel, PagedBatch, PagedKernelChoice, PagedSeq,
     PoolBackend, Visibility,

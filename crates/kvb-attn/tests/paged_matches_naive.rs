@@ -3,12 +3,10 @@
 //! rows, arbitrary visible slots. On the CPU kernel a row's result is also independent of the
 //! rest of the batch, of where its blocks sit and of how its rows were chunked, bit for bit.
 
-mod common;
-
+use crate::common::paged_case::{case, close, shapes, Case, PagedFn as PagedFnOn};
 use burn::backend::ndarray::NdArrayTensor;
 use burn::backend::NdArray;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
-use common::paged_case::{case, close, shapes, Case, PagedFn as PagedFnOn};
 use kvb_attn::{paged_attention, AttentionBackend, AttnError, PagedBatch, PagedSeq};
 use proptest::prelude::*;
 

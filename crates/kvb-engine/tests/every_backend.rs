@@ -9,9 +9,7 @@
 //! `reuse_tiny.rs`); a GPU's matrix products may pick another kernel for another row count, so
 //! here logits are held to a float tolerance.
 
-mod common;
-
-use common::{around, config, max_abs_diff, moved_document, opts, prompt, tiny};
+use crate::common::{around, config, max_abs_diff, moved_document, opts, prompt, tiny};
 use kvb_engine::{Engine, EngineConfig, GenerationMode, RecomputeStrategy, Request};
 use kvb_model::{FloatDtype, ModelBackend};
 

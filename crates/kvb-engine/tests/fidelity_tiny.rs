@@ -3,9 +3,7 @@
 //! they should (nothing for exact reuse, something for moved documents and lower precisions),
 //! and the noise floor's engines never share keys with the engine they measure.
 
-mod common;
-
-use common::{around, config, engine, opts, prompt, same_bits, FAMILIES};
+use crate::common::{around, config, engine, opts, prompt, same_bits, FAMILIES};
 use kvb_engine::{
     compare_positions, Compared, EngineConfig, FidelityReport, GenerateOptions, GenerationMode,
     KvPrecision, NoiseFloor, RecomputeStrategy,

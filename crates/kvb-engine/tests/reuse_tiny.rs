@@ -4,9 +4,7 @@
 //! resident; settings and prompts are checked. (Interior reuse with every token recomputed, and
 //! repair reducing a moved document's error, are in `every_backend.rs`, run on every backend.)
 
-mod common;
-
-use common::{
+use crate::common::{
     around, config, engine, max_abs_diff, moved_document, opts, prompt, same_bits, tiny, FAMILIES,
 };
 use kvb_engine::{

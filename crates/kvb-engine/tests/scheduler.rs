@@ -5,9 +5,7 @@
 //! is cut to fill a step only when that saves a step; `generate_batch` answers in order what each
 //! prompt generates alone.
 
-mod common;
-
-use common::{config, engine, opts, prompt, same_bits, FAMILIES};
+use crate::common::{config, engine, opts, prompt, same_bits, FAMILIES};
 use kvb_engine::{
     Engine, EngineConfig, EngineError, Event, EventSink, GenerationMode, GenerationResult, Request,
 };

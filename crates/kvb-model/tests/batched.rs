@@ -2,10 +2,8 @@
 //! on the CPU: whatever else shares the forward pass, wherever its blocks sit in the pool, when
 //! its first blocks are another sequence's shared ones, and however its prefill is chunked.
 
-mod common;
-
+use crate::common::{random_model_dir, tiny_llama_config, B};
 use burn::tensor::Tensor;
-use common::{random_model_dir, tiny_llama_config, B};
 use kvb_model::generate::argmax;
 use kvb_model::{
     load_pretrained, ActivationPrecision, ForwardBatch, KvPool, LoadOptions, LogitsFor, Model,
@@ -18,7 +16,7 @@ use proptest::prelude::*;
 fn model(kv_heads: usize, seed: u64, q8: bool) -> Model<B> {
     let dir = random_model_dir(&tiny_llama_config(kv_heads), seed);
     std::fs::copy(
-        common::fixtures().join("tiny/llama/tokenizer.json"),
+        crate::common::fixtures().join("tiny/llama/tokenizer.json"),
         dir.path().join("tokenizer.json"),
     )
     .unwrap();

@@ -5,9 +5,7 @@
 //! Rounding noise is not reproducible across implementations (the two bf16 forwards are as far
 //! from each other as from f32), so it is the size of the noise that is checked, not its values.
 
-mod common;
-
-use common::{all_logits as logits, fixtures, max_abs_diff as max_diff, read_f32, B};
+use crate::common::{all_logits as logits, fixtures, max_abs_diff as max_diff, read_f32, B};
 use kvb_model::{load_pretrained, ComputePrecision};
 
 fn mean_diff(a: &[f32], b: &[f32]) -> f32 {

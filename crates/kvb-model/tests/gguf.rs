@@ -1,9 +1,7 @@
 //! GGUF reading: a llama GGUF (with llama.cpp's q/k permutation) loads to the same model as the
 //! HF checkpoint it came from, and truncated or corrupted files are errors, never panics.
 
-mod common;
-
-use common::{
+use crate::common::{
     llama_gguf, llama_gguf_with, random_weights, tiny_llama_config, write_safetensors, GgufStorage,
     Meta, B,
 };

@@ -4,9 +4,7 @@
 //! whose RoPE scaling is a `rope_freqs` tensor (no scaling metadata), a Qwen2 file (q/k/v
 //! biases, rows not permuted) and a Gemma file (norm weights stored as 1 + w).
 
-mod common;
-
-use common::{fixtures, gguf_bytes, gguf_name, permute_like_llama_cpp, read_f32, Meta, B};
+use crate::common::{fixtures, gguf_bytes, gguf_name, permute_like_llama_cpp, read_f32, Meta, B};
 use kvb_model::gguf::GgufModel;
 use kvb_model::weights::{SafetensorsDir, TensorSource};
 use kvb_model::{LogitsFor, Model, ModelConfig, RopeScaling};

@@ -4,9 +4,7 @@
 //! until none is, then spell what is no piece as `<0xXX>` byte pieces. Random vocabularies and
 //! texts; decoding gives the text back.
 
-mod common;
-
-use common::{gguf_bytes, Meta};
+use crate::common::{gguf_bytes, Meta};
 use kvb_model::gguf::GgufModel;
 use kvb_model::Tokenizer;
 use proptest::prelude::*;

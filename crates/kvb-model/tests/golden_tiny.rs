@@ -1,9 +1,7 @@
 //! Every supported family matches transformers on its tiny random-weight reference model:
 //! token ids, logits at every position (~1e-4), every top-1 id, and 16 greedy tokens.
 
-mod common;
-
-use common::{fixtures, read_f32, B};
+use crate::common::{fixtures, read_f32, B};
 use kvb_model::generate::{generate, GenerateParams};
 use kvb_model::{load_pretrained, LoadOptions, LogitsFor};
 

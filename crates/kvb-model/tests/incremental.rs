@@ -1,17 +1,15 @@
 //! The forward pass is position-explicit and cache-consistent: prefill in parts, decode token by
 //! token, or recompute tokens in place, and you get what one full prefill gives.
 
-mod common;
-
+use crate::common::{random_model_dir, tiny_llama_config, B};
 use burn::tensor::Tensor;
-use common::{random_model_dir, tiny_llama_config, B};
 use kvb_model::{load_pretrained, KvCache, LoadOptions, LogitsFor, Model};
 use proptest::prelude::*;
 
 fn model(kv_heads: usize, seed: u64) -> Model<B> {
     let dir = random_model_dir(&tiny_llama_config(kv_heads), seed);
     std::fs::copy(
-        common::fixtures().join("tiny/llama/tokenizer.json"),
+        crate::common::fixtures().join("tiny/llama/tokenizer.json"),
         dir.path().join("tokenizer.json"),
     )
     .unwrap();

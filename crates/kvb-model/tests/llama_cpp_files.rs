@@ -11,9 +11,7 @@
 //! exact logits, and every position's top token must agree with llama.cpp's unless its own top
 //! two are closer than that rounding.
 
-mod common;
-
-use common::{fixtures, read_f32, B};
+use crate::common::{fixtures, read_f32, B};
 use kvb_model::gguf::GgufModel;
 use kvb_model::{Model, WeightPrecision};
 
@@ -67,7 +65,7 @@ fn logits(path: &std::path::Path, tokens: &[u32], precision: WeightPrecision) ->
         &mut |_, _| {},
     )
     .unwrap();
-    common::all_logits(&model, tokens)
+    crate::common::all_logits(&model, tokens)
 }
 
 fn spread(values: &[f32]) -> f32 {

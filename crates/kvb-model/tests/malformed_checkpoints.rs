@@ -1,8 +1,6 @@
 //! A malformed model folder is an error that names the problem, and never a panic.
 
-mod common;
-
-use common::{random_weights, tiny_llama_config, write_safetensors, B};
+use crate::common::{random_weights, tiny_llama_config, write_safetensors, B};
 use kvb_model::{load_pretrained, LoadOptions, ModelConfig};
 use std::path::Path;
 
@@ -24,7 +22,7 @@ fn folder(edit: impl FnOnce(&mut Vec<(String, Vec<usize>, Vec<f32>)>)) -> tempfi
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("config.json"), json).unwrap();
     std::fs::copy(
-        common::fixtures().join("tiny/llama/tokenizer.json"),
+        crate::common::fixtures().join("tiny/llama/tokenizer.json"),
         dir.path().join("tokenizer.json"),
     )
     .unwrap();

@@ -5,9 +5,7 @@
 //! fraction of the memory. `--weights q8_0` and `--weights bf16` round f32 weights and stay
 //! close to them.
 
-mod common;
-
-use common::{
+use crate::common::{
     llama_gguf_as, random_weights, tiny_llama_config, write_safetensors_as, GgufStorage, B,
 };
 use kvb_model::gguf::GgufModel;

@@ -5,9 +5,7 @@
 //! (Not bit for bit llama.cpp's: it keeps each block's scale in f16 and rounds other steps its
 //! own way, so the two land about as far from each other as each from the exact logits.)
 
-mod common;
-
-use common::{
+use crate::common::{
     all_logits as logits, fixtures, max_abs_diff as max_diff, random_model_dir, read_f32,
     tiny_llama_config, B,
 };

@@ -4,9 +4,7 @@
 //! CPU through Mesa's lavapipe (`apt-get install mesa-vulkan-drivers`).
 #![cfg(feature = "wgpu")]
 
-mod common;
-
-use common::fixtures;
+use crate::common::fixtures;
 use kvb_model::backends::{Cpu, Wgpu, WgpuF16};
 use kvb_model::generate::{generate, GenerateParams};
 use kvb_model::{load_pretrained, LoadOptions, LogitsFor, ModelBackend, Pretrained};

@@ -3,9 +3,7 @@
 //! it held).
 //! The server's rows (malformed and oversized requests) are in `serve_tiny.rs`.
 
-mod common;
-
-use common::tiny_model;
+use crate::common::tiny_model;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

@@ -1,9 +1,7 @@
 //! `kvb chat` keeps what it learned: a session ended by Ctrl-C (SIGINT) flushes its chunk store
 //! to the disk tier, so the next session, a new process, reuses the conversation's K/V.
 
-mod common;
-
-use common::tiny_model;
+use crate::common::tiny_model;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStderr, Command, Stdio};
 use std::sync::mpsc::{channel, Receiver};

@@ -9,9 +9,7 @@
 //! count for those steps, compile-time and prefill launches cancelled out.
 #![cfg(feature = "wgpu")]
 
-mod common;
-
-use common::{tiny_model, words};
+use crate::common::{tiny_model, words};
 use serde_json::{json, Value};
 use std::path::Path;
 use std::process::Command;

@@ -3,9 +3,7 @@
 //! error line, and a non-zero exit at the end), a chat's next turn continues from its resident
 //! blocks, prefill is cut by the step budget, and the summary counts what ran.
 
-mod common;
-
-use common::{tiny_model, words};
+use crate::common::{tiny_model, words};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::process::Command;

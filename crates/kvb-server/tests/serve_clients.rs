@@ -3,9 +3,7 @@
 //! machine's Python lacks them), and the README's own curl and Python examples, run as written
 //! against the default model.
 
-mod common;
-
-use common::{tiny_model, Server};
+use crate::common::{tiny_model, Server};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;

@@ -2,9 +2,7 @@
 //! the fields it does not serve refused by name rather than dropped, and `/tokenize` and
 //! `/detokenize` agreeing with what the completions read.
 
-mod common;
-
-use common::{client, tiny_server, Server};
+use crate::common::{client, tiny_server, Server};
 use serde_json::{json, Value};
 
 fn post(s: &Server, path: &str, body: &Value) -> (u16, Value) {

@@ -3,9 +3,7 @@
 //! SIGTERM lets a running stream finish, flushes the chunk store to disk and exits 0; a system
 //! turn typed in a user message stays text.
 
-mod common;
-
-use common::{client, Server};
+use crate::common::{client, Server};
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::time::Duration;

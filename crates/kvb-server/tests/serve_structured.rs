@@ -2,9 +2,7 @@
 //! JSON it writes is the constraint's doing): `response_format` `json_object` and `json_schema`
 //! on both endpoints, streamed and whole alike, and schemas that cannot be followed refused.
 
-mod common;
-
-use common::{client, post_streaming, sse_data, tiny_server, Server};
+use crate::common::{client, post_streaming, sse_data, tiny_server, Server};
 use serde_json::{json, Value};
 
 fn post(s: &Server, body: &Value) -> (u16, Value) {

@@ -2,9 +2,7 @@
 //! requests of its own tenant (API key, when the server has several) and `cache_salt`. What a
 //! tenant cannot reuse it cannot time either; the answers stay the same, cached or not.
 
-mod common;
-
-use common::{client, tiny_server, words, Server};
+use crate::common::{client, tiny_server, words, Server};
 use serde_json::{json, Value};
 
 /// Asks for a greedy answer to `prompt` as the holder of `key`, salted with `salt`; returns

@@ -1,9 +1,7 @@
 //! `kvb serve` over real HTTP on the tiny model: OpenAI's shapes, streaming, every error, the
 //! API key, timeouts, the OpenAPI document, and greedy text equal to `kvb generate`'s.
 
-mod common;
-
-use common::{client, post_streaming, sse_data, tiny_model, tiny_server, Server};
+use crate::common::{client, post_streaming, sse_data, tiny_model, tiny_server, Server};
 use serde_json::{json, Value};
 
 fn post(s: &Server, path: &str, body: &Value) -> (u16, reqwest::header::HeaderMap, Value) {

@@ -4,9 +4,7 @@
 //! gives text; calls and results in the history are
 //! taken; bad tools are refused by name (on the tiny model: refused before it runs).
 
-mod common;
-
-use common::{client, post_streaming, sse_data, tiny_server, Server};
+use crate::common::{client, post_streaming, sse_data, tiny_server, Server};
 
 /// `kvb serve` on the default model, served as `tiny` like the rest of these requests.
 fn default_server() -> Server {

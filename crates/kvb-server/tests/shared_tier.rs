@@ -3,9 +3,7 @@
 //! answer; another K/V precision, another tenant or another salt never reads it; Redis killed
 //! mid-run fails no request, and hits resume once it is back.
 
-mod common;
-
-use common::{client, tiny_model, Server};
+use crate::common::{client, tiny_model, Server};
 use kvb_store::remote::test_server::RedisServer;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};

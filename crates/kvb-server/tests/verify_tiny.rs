@@ -2,9 +2,7 @@
 //! behind a preamble and one repeated exactly; the printed table and the JSON lines say what each
 //! comparison saw, and a request it cannot score is refused before the model loads.
 
-mod common;
-
-use common::{tiny_model, words};
+use crate::common::{tiny_model, words};
 use serde_json::{json, Value};
 use std::path::Path;
 use std::process::{Command, Output};

@@ -9,6 +9,11 @@
 //! its scales to f32), f16 and
 //! bf16 tensors (a GGUF's or a safetensors folder's) at 16 bits, and can round f32 weights to 8
 //! bits ([`PackedMatrix::quantize_q8_0`]) or to bf16 ([`PackedMatrix::round_to_bf16`]).
+//! Block types with no cells of their own are widened, exactly, into cells that hold their
+//! values: Q3_K into Q6_K's, Q5_0 and IQ4_NL into 8-bit cells with the file's f16 scales, Q5_1
+//! with its f16 scales and offsets, IQ4_XS into 8-bit cells with f32 scales, and Q2_K into 4-bit
+//! cells of 16 rows with f32 scales and offsets (`tests::f32_scaled_cells_equal_the_gguf_expansion`,
+//! `tests::widened_32_weight_blocks_take_8_bit_cells`).
 //!
 //! **The same values as the f32 path.** Every stored weight is `q * scale + offset` with the
 //! product exact ([`kvb_modelfile::gguf::blocks`]), so dequantizing with a fused multiply-add or with a
