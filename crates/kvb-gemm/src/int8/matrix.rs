@@ -144,6 +144,16 @@ impl IntDotMatrix {
     /// group in parallel (a 1B model's Q8_0 weights took 6 s on one core); whether any of
     /// their blocks has an offset.
     fn fill(&mut self, p: &PackedMatrix, from: usize, to: usize) -> bool {
+        self.fill_from(p, from, to, true)
+    }
+
+    /// [`IntDotMatrix::fill`]; `copy_bytes` lets 8-bit cells with f16 scales (Q8_0's) be
+    /// copied byte by byte rather than read and written a weight at a time (the same bytes:
+    /// `tests::copied_bytes_are_the_decoded_layout`).
+    fn fill_from(&mut self, p: &PackedMatrix, from: usize, to: usize, copy_bytes: bool) -> bool {
+        let copy = copy_bytes
+            && p.cell_values() == CellValues::Bytes(Scales::HalfOnly)
+            && p.cell_rows() == BLOCK;
         let (nibbles, scales, n) = (self.nibbles, self.scales, self.n);
         let blocks = self.k / BLOCK;
         let (head, values) = (self.head_bytes(), self.value_bytes());
@@ -157,6 +167,10 @@ impl IntDotMatrix {
                 let mut q = [0i16; BLOCK];
                 let mut offsets = false;
                 for (lane, j) in (g * LANES..n.min((g + 1) * LANES)).enumerate() {
+                    if copy {
+                        copy_half_bytes(p, j, lane, heads, group_values, (head, values));
+                        continue;
+                    }
                     let blocks = heads
                         .chunks_exact_mut(head)
                         .zip(group_values.chunks_exact_mut(values));
@@ -173,6 +187,15 @@ impl IntDotMatrix {
                 offsets
             })
             .reduce(|| false, |a, b| a || b)
+    }
+
+    /// The layout of `p`'s integer cells, filled with or without [`copy_half_bytes`].
+    #[cfg(test)]
+    pub(super) fn layout_of(p: &PackedMatrix, copy_bytes: bool) -> Vec<u8> {
+        let mut w = Self::empty(p);
+        let all = w.data.len();
+        w.fill_from(p, 0, all, copy_bytes);
+        w.data.to_vec()
     }
 
     fn value_bytes_of(nibbles: bool) -> usize {
@@ -256,6 +279,33 @@ impl IntDotMatrix {
 }
 
 /// Stores column `lane`'s integers `q` in `values` (one block of one group).
+/// Column `j` of `p`'s 8-bit cells with f16 scales as lane `lane` of a group's `heads` and
+/// `values` (blocks of `sizes` bytes each): the scale's bits as they are, each value biased
+/// by 128 as [`put`] stores it.
+fn copy_half_bytes(
+    p: &PackedMatrix,
+    j: usize,
+    lane: usize,
+    heads: &mut [u8],
+    values: &mut [u8],
+    sizes: (usize, usize),
+) {
+    let (cells, lane_in_cell) = (p.group_cells(j / GROUP), j % GROUP);
+    let cell_bytes = p.cell_values().cell_bytes(BLOCK);
+    let scale_bytes = Scales::HalfOnly.head_bytes();
+    let blocks = heads
+        .chunks_exact_mut(sizes.0)
+        .zip(values.chunks_exact_mut(sizes.1))
+        .zip(cells.chunks_exact(cell_bytes));
+    for ((head, values), cell) in blocks {
+        head[2 * lane..2 * lane + 2].copy_from_slice(&cell[2 * lane_in_cell..2 * lane_in_cell + 2]);
+        let q = &cell[scale_bytes..];
+        for r in 0..BLOCK {
+            values[(r / 4) * 64 + lane * 4 + r % 4] = q[r * GROUP + lane_in_cell] ^ 0x80;
+        }
+    }
+}
+
 fn put(nibbles: bool, values: &mut [u8], lane: usize, q: &[i16; BLOCK]) {
     for (r, &v) in q.iter().enumerate() {
         if nibbles {

@@ -43,6 +43,20 @@ fn operands(
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
+    /// Q8_0's cells copied byte by byte give the layout that reading and writing each weight
+    /// gives (and every integer format's layout is the same either way).
+    #[test]
+    fn copied_bytes_are_the_decoded_layout(
+        format in 0usize..INTEGER_FORMATS.len(), blocks_per_row in 1usize..5, n in 1usize..40,
+        seed in 0u32..1000,
+    ) {
+        let (packed, _) = packed_matrix(INTEGER_FORMATS[format], blocks_per_row, n, seed);
+        if IntDotMatrix::takes(&packed) && !packed.cell_values().is_k_quant() {
+            let copied = IntDotMatrix::layout_of(&packed, true);
+            prop_assert!(copied == IntDotMatrix::layout_of(&packed, false));
+        }
+    }
+
     /// Every kernel gives the portable loop's bits, for any row count (tiles of 1 to 8, several
     /// passes), width (a last group partly padding; pairs of groups and a last one alone) and
     /// integer format; and each output is the

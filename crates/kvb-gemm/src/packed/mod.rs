@@ -382,12 +382,41 @@ impl PackedMatrix {
                 row.map(|r| (p.ggml_type, r))
             })
             .collect();
-        out.fill_groups(&rows, |&(t, row), coded| {
-            for b in row.chunks_exact(t.block().1) {
-                blocks::decode(t, b, coded);
-            }
-        });
+        if values == CellValues::Bytes(Scales::HalfOnly) && first.ggml_type == GgmlType::Q8_0 {
+            out.copy_q8_0_groups(&rows);
+        } else {
+            out.fill_groups(&rows, |&(t, row), coded| {
+                for b in row.chunks_exact(t.block().1) {
+                    blocks::decode(t, b, coded);
+                }
+            });
+        }
         Ok(out)
+    }
+
+    /// Stores Q8_0 columns (`rows[j]`: column `j`'s blocks) byte for byte: a cell's head is its
+    /// 8 blocks' f16 scales, its row `r` their byte `r`. What [`PackedMatrix::fill_groups`]
+    /// stores, without decoding each weight on the way (`tests::q8_0_copies_as_decoded`).
+    fn copy_q8_0_groups(&mut self, rows: &[(GgmlType, &[u8])]) {
+        const BLOCK_BYTES: usize = 2 + CELL_ROWS;
+        let cell_bytes = self.cell_bytes();
+        let head = Scales::HalfOnly.head_bytes();
+        let group_bytes = self.k / CELL_ROWS * cell_bytes;
+        self.data
+            .par_chunks_mut(group_bytes)
+            .zip(rows.par_chunks(GROUP))
+            .for_each(|(cells, lanes)| {
+                for (b, cell) in cells.chunks_exact_mut(cell_bytes).enumerate() {
+                    let (scales, values) = cell.split_at_mut(head);
+                    for (lane, &(_, row)) in lanes.iter().enumerate() {
+                        let block = &row[b * BLOCK_BYTES..(b + 1) * BLOCK_BYTES];
+                        scales[2 * lane..2 * lane + 2].copy_from_slice(&block[..2]);
+                        for (r, &q) in block[2..].iter().enumerate() {
+                            values[r * GROUP + lane] = q;
+                        }
+                    }
+                }
+            });
     }
 
     /// Stores the columns of `rows` (`rows[j]` is column `j`), group by group in parallel:
