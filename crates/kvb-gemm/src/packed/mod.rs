@@ -382,8 +382,8 @@ impl PackedMatrix {
                 row.map(|r| (p.ggml_type, r))
             })
             .collect();
-        if values == CellValues::Bytes(Scales::HalfOnly) && first.ggml_type == GgmlType::Q8_0 {
-            out.copy_q8_0_groups(&rows);
+        if source != "mixed" && Self::copies(first.ggml_type, values) {
+            out.copy_file_groups(first.ggml_type, &rows);
         } else {
             out.fill_groups(&rows, |&(t, row), coded| {
                 for b in row.chunks_exact(t.block().1) {
@@ -394,25 +394,53 @@ impl PackedMatrix {
         Ok(out)
     }
 
-    /// Stores Q8_0 columns (`rows[j]`: column `j`'s blocks) byte for byte: a cell's head is its
-    /// 8 blocks' f16 scales, its row `r` their byte `r`. What [`PackedMatrix::fill_groups`]
-    /// stores, without decoding each weight on the way (`tests::q8_0_copies_as_decoded`).
-    fn copy_q8_0_groups(&mut self, rows: &[(GgmlType, &[u8])]) {
-        const BLOCK_BYTES: usize = 2 + CELL_ROWS;
-        let cell_bytes = self.cell_bytes();
-        let head = Scales::HalfOnly.head_bytes();
+    /// Whether [`PackedMatrix::copy_file_groups`] stores blocks of `t` as cells of `values`.
+    fn copies(t: GgmlType, values: CellValues) -> bool {
+        matches!(
+            (t, values),
+            (GgmlType::Q8_0, CellValues::Bytes(Scales::HalfOnly))
+                | (GgmlType::Q4_0, CellValues::Nibbles(Scales::HalfCentred))
+                | (GgmlType::Q4_1, CellValues::Nibbles(Scales::Half))
+        )
+    }
+
+    /// Stores Q8_0, Q4_0 or Q4_1 columns (`rows[j]`: column `j`'s blocks of `t`) byte for
+    /// byte: a cell's head takes its 8 blocks' f16 scales (and Q4_1's minimums), its values
+    /// their bytes (Q8_0) or nibbles reordered two rows a byte. What
+    /// [`PackedMatrix::fill_groups`] stores, without decoding each weight on the way
+    /// (`tests::file_blocks_copy_as_decoded`).
+    fn copy_file_groups(&mut self, t: GgmlType, rows: &[(GgmlType, &[u8])]) {
+        let block_bytes = t.block().1;
+        let (cell_bytes, scales) = (self.cell_bytes(), Scales::of_file(t).expect("copies"));
+        let head = scales.head_bytes();
+        // Block bytes before the values: the scale, and Q4_1's minimum.
+        let heads = if scales == Scales::Half { 4 } else { 2 };
         let group_bytes = self.k / CELL_ROWS * cell_bytes;
         self.data
             .par_chunks_mut(group_bytes)
             .zip(rows.par_chunks(GROUP))
             .for_each(|(cells, lanes)| {
                 for (b, cell) in cells.chunks_exact_mut(cell_bytes).enumerate() {
-                    let (scales, values) = cell.split_at_mut(head);
+                    let (cell_head, values) = cell.split_at_mut(head);
                     for (lane, &(_, row)) in lanes.iter().enumerate() {
-                        let block = &row[b * BLOCK_BYTES..(b + 1) * BLOCK_BYTES];
-                        scales[2 * lane..2 * lane + 2].copy_from_slice(&block[..2]);
-                        for (r, &q) in block[2..].iter().enumerate() {
-                            values[r * GROUP + lane] = q;
+                        let block = &row[b * block_bytes..(b + 1) * block_bytes];
+                        cell_head[2 * lane..2 * lane + 2].copy_from_slice(&block[..2]);
+                        if heads == 4 {
+                            let m = 2 * GROUP + 2 * lane;
+                            cell_head[m..m + 2].copy_from_slice(&block[2..4]);
+                        }
+                        let qs = &block[heads..];
+                        if t == GgmlType::Q8_0 {
+                            for (r, &q) in qs.iter().enumerate() {
+                                values[r * GROUP + lane] = q;
+                            }
+                            continue;
+                        }
+                        // The file's byte i holds weights i (low) and i + 16 (high); a cell's
+                        // byte m holds rows 2m (low) and 2m + 1 (high).
+                        let nibble = |w: usize| (qs[w % 16] >> (4 * (w / 16))) & 0x0f;
+                        for m in 0..CELL_ROWS / 2 {
+                            values[m * GROUP + lane] = nibble(2 * m) | nibble(2 * m + 1) << 4;
                         }
                     }
                 }

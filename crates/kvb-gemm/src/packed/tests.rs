@@ -393,23 +393,24 @@ proptest! {
         prop_assert_eq!(packed.bytes(), tensor.bytes.len(), "{:?}", t);
     }
 
-    /// Q8_0 columns copied byte for byte are the cells that decoding every weight stores.
+    /// Q8_0, Q4_0 and Q4_1 columns copied byte for byte are the cells that decoding every
+    /// weight stores.
     #[test]
-    fn q8_0_copies_as_decoded(rows in 1usize..40, blocks_per_row in 1usize..5, seed in 0u64..1000) {
+    fn file_blocks_copy_as_decoded(t in file_sized_type(), rows in 1usize..40, blocks_per_row in 1usize..5, seed in 0u64..1000) {
         let cols = blocks_per_row * CELL_ROWS;
-        let tensor = blocks(GgmlType::Q8_0, rows, cols, seed);
+        let tensor = blocks(t, rows, cols, seed);
         let copied = PackedMatrix::from_blocks(std::slice::from_ref(&tensor)).unwrap();
-        let values = CellValues::Bytes(Scales::HalfOnly);
-        let mut decoded = PackedMatrix::zeroed(values, CELL_ROWS, cols, rows, "q8_0");
-        let block_bytes = GgmlType::Q8_0.block().1;
+        let values = copied.cell_values();
+        prop_assert!(PackedMatrix::copies(t, values), "{:?} in {:?}", t, values);
+        let mut decoded = PackedMatrix::zeroed(values, CELL_ROWS, cols, rows, "decoded");
+        let block_bytes = t.block().1;
         let columns: Vec<&[u8]> = tensor.bytes.chunks_exact(blocks_per_row * block_bytes).collect();
         decoded.fill_groups(&columns, |column, coded| {
             for b in column.chunks_exact(block_bytes) {
-                blocks::decode(GgmlType::Q8_0, b, coded);
+                blocks::decode(t, b, coded);
             }
         });
-        prop_assert_eq!(copied.cell_values(), values);
-        prop_assert!(copied.data[..] == decoded.data[..]);
+        prop_assert!(copied.data[..] == decoded.data[..], "{:?}", t);
     }
 
     /// A head keeps a scale and offset only where it can give them back exactly.
