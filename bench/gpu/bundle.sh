@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Gathers what bench/gpu/device_run.sh needs into .device/ (ignored by git; the device tool
-# carries it): kvb, the attention and model test binaries, the attention benchmark, llama.cpp's CUDA tools, the gguf
-# wheel and the default model's tokenizer. Build first, with the CI features:
+# carries it): kvb, the attention and model test binaries, the attention benchmark, llama.cpp's
+# CUDA tools, the gguf wheel and the default model's tokenizer. Build first, with the CI features:
 #
 #   cargo test --release --workspace --features "$FEATURES" --no-run
 #   cargo build --release --workspace --features "$FEATURES" --bin kvb

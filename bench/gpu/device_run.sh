@@ -2,9 +2,10 @@
 # The GPU measurements of issue 44 in one pass, on a lent NVIDIA machine (no network there).
 #
 # Run from the repository root with the bundle that bench/gpu/bundle.sh made in .device/:
-# kvb, the attention and model test binaries and a benchmark built with --features cuda, llama.cpp's CUDA tools, the gguf
-# wheel and the default model's tokenizer. Models are made there (random weights, real shapes:
-# xtask/shapes/make_shape.py, quantized by llama.cpp's llama-quantize). Every step has its own
+# kvb, the attention and model test binaries and a benchmark built with --features cuda,
+# llama.cpp's CUDA tools, the gguf wheel and the default model's tokenizer. Models are made
+# there (random weights, real shapes: xtask/shapes/make_shape.py, quantized by llama.cpp's
+# llama-quantize). Every step has its own
 # time limit, so a failing step costs its limit and the rest still run; logs and JSON results
 # go to $OUT (the device tool brings them back).
 set -u

@@ -278,7 +278,6 @@ impl IntDotMatrix {
     }
 }
 
-/// Stores column `lane`'s integers `q` in `values` (one block of one group).
 /// Column `j` of `p`'s 8-bit cells with f16 scales as lane `lane` of a group's `heads` and
 /// `values` (blocks of `sizes` bytes each): the scale's bits as they are, each value biased
 /// by 128 as [`put`] stores it.
@@ -306,6 +305,7 @@ fn copy_half_bytes(
     }
 }
 
+/// Stores column `lane`'s integers `q` in `values` (one block of one group).
 fn put(nibbles: bool, values: &mut [u8], lane: usize, q: &[i16; BLOCK]) {
     for (r, &v) in q.iter().enumerate() {
         if nibbles {

@@ -44,7 +44,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
     /// Q8_0's cells copied byte by byte give the layout that reading and writing each weight
-    /// gives (and every integer format's layout is the same either way).
+    /// gives (the other integer formats, never copied, run through to guard the choice).
     #[test]
     fn copied_bytes_are_the_decoded_layout(
         format in 0usize..INTEGER_FORMATS.len(), blocks_per_row in 1usize..5, n in 1usize..40,

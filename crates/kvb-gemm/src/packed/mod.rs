@@ -382,7 +382,7 @@ impl PackedMatrix {
                 row.map(|r| (p.ggml_type, r))
             })
             .collect();
-        if source != "mixed" && Self::copies(first.ggml_type, values) {
+        if Self::copies(first.ggml_type, values) {
             out.copy_file_groups(first.ggml_type, &rows);
         } else {
             out.fill_groups(&rows, |&(t, row), coded| {
