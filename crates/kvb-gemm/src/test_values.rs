@@ -8,10 +8,10 @@ pub fn spread(i: usize, seed: u32, scale: f32) -> f32 {
 
 /// Formats [`packed_matrix`] builds: 0 Q8_0 (quantized from f32: f32 scales), 1 Q4_1, 2 Q6_K,
 /// 3 bf16, 4 f16, 5 Q4_K, 6 Q5_K, 7 Q8_0 and 8 Q4_0 blocks as a file holds them (f16 scales),
-/// and the blocks kept in other types' cells: 9 Q5_1 (8-bit cells, f16 scales and offsets),
-/// 10 Q2_K (4-bit cells of 16 rows, f32 scales), 11 IQ4_XS (8-bit cells, f32 scales) and
-/// 12 Q3_K (Q6_K cells).
-pub const FORMATS: usize = 13;
+/// 10 Q2_K and 12 Q3_K (their own cells), and the blocks kept in other types' cells: 9 Q5_1
+/// (8-bit cells, f16 scales and offsets), 11 IQ4_XS (8-bit cells, f32 scales) and 13 Q3_K
+/// columns beside Q6_K ones (one projection in Q6_K cells).
+pub const FORMATS: usize = 14;
 
 /// A packed `[k, n]` weight of one of [`FORMATS`] formats with deterministic values, and its
 /// `k`: `blocks_per_row` cells of 32 rows (K-quants: rounded up to whole 256-weight blocks).
@@ -29,7 +29,7 @@ pub fn packed_matrix(
         6 => Some(GgmlType::Q5_K),
         10 => Some(GgmlType::Q2_K),
         11 => Some(GgmlType::IQ4_XS),
-        12 => Some(GgmlType::Q3_K),
+        12 | 13 => Some(GgmlType::Q3_K),
         _ => None,
     };
     let k = if k_quant.is_some() {
@@ -39,15 +39,24 @@ pub fn packed_matrix(
     };
     let w: Vec<f32> = (0..n * k).map(|i| spread(i + 7919, seed, 700.0)).collect();
     let byte = |i: usize| ((i as u32).wrapping_mul(2246822519).wrapping_add(seed) >> 13) as u8;
-    let blocks = |ggml_type, bytes| {
-        PackedMatrix::from_blocks(&[BlockTensor {
-            ggml_type,
-            rows: n,
-            cols: k,
-            bytes,
-        }])
+    let tensor = |ggml_type, rows, bytes| BlockTensor {
+        ggml_type,
+        rows,
+        cols: k,
+        bytes,
     };
+    let blocks = |ggml_type, bytes| PackedMatrix::from_blocks(&[tensor(ggml_type, n, bytes)]);
     let f16 = |v: f32| half::f16::from_f32(v).to_le_bytes();
+    // Random K-quant blocks of `t` (values and scales), the f16 scale last, for `rows` columns.
+    let scaled_last = |t: GgmlType, rows: usize, seed_at: usize| {
+        let block_bytes = t.block().1;
+        let mut bytes = Vec::new();
+        for b in seed_at..seed_at + rows * k / 256 {
+            bytes.extend((0..block_bytes - 2).map(|i| byte(b * block_bytes + i)));
+            bytes.extend(f16(0.001 + (b % 5) as f32 * 0.0003));
+        }
+        bytes
+    };
     let packed = match (format, k_quant) {
         (0, _) => PackedMatrix::quantize_q8_0(&[(&w, n)], k),
         // 16-bit floats: the f32 weights rounded.
@@ -96,16 +105,21 @@ pub fn packed_matrix(
             }
             blocks(GgmlType::Q5_1, bytes)
         }
-        (_, Some(t @ (GgmlType::Q6_K | GgmlType::Q3_K))) => {
-            // Values and scales random, the f16 scale last.
-            let block_bytes = t.block().1;
-            let mut bytes = Vec::new();
-            for b in 0..n * k / 256 {
-                bytes.extend((0..block_bytes - 2).map(|i| byte(b * block_bytes + i)));
-                bytes.extend(f16(0.001 + (b % 5) as f32 * 0.0003));
+        (13, _) => {
+            // The first half of the columns Q3_K, the rest Q6_K.
+            let (q3, q6) = (n.div_ceil(2), n / 2);
+            let mut parts = vec![tensor(
+                GgmlType::Q3_K,
+                q3,
+                scaled_last(GgmlType::Q3_K, q3, 0),
+            )];
+            if q6 > 0 {
+                let bytes = scaled_last(GgmlType::Q6_K, q6, q3 * k / 256);
+                parts.push(tensor(GgmlType::Q6_K, q6, bytes));
             }
-            blocks(t, bytes)
+            PackedMatrix::from_blocks(&parts)
         }
+        (_, Some(t @ (GgmlType::Q6_K | GgmlType::Q3_K))) => blocks(t, scaled_last(t, n, 0)),
         (_, Some(GgmlType::Q2_K)) => {
             // Scales and mins, values random; the f16 scale and min last, the min of either sign.
             let mut bytes = Vec::new();

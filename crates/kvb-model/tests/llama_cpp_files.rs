@@ -204,16 +204,12 @@ fn most_held(file: &str) -> f64 {
         // 10 against 4.25.
         "iq4_nl" => 8.5 / 4.5,
         "iq4_xs" => 10.0 / 4.25,
-        // Q3_K in Q6_K's cells: 6.5625 against 3.4375.
-        "q3_k_m" => 6.5625 / 3.4375,
-        // Q2_K in 4-bit cells of 16 rows with f32 scales and offsets: 8 against 2.625.
-        "q2_k" => 8.0 / 2.625,
         _ => 1.05,
     }
 }
 
-/// Kept as stored, a file's matrices take the file's bytes: K-quant files (Q4_K_M, Q5_K_M,
-/// Q6_K, whose fused q/k/v mix Q4_K or Q5_K with Q6_K) and Q4_0, Q4_1 and Q8_0 files (their
+/// Kept as stored, a file's matrices take the file's bytes: K-quant files (Q2_K, Q3_K_M,
+/// Q4_K_M, Q5_K_M, Q6_K, whose fused q/k/v mix two K-quant types) and Q4_0, Q4_1 and Q8_0 files (their
 /// f16 scales kept) within 5% of the bytes of the file's matrices, where widening their blocks
 /// (or their scales to f32) took 1.2-1.8x. F16 is held at its 16 bits. Files of types kvb
 /// holds widened take no more than that widening ([`most_held`]).

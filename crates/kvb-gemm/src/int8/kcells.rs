@@ -1,19 +1,19 @@
-//! 8-bit activation products over K-quant cells as loaded (Q4_K, Q5_K, Q6_K at the file's
+//! 8-bit activation products over K-quant cells as loaded (Q3_K, Q4_K, Q5_K, Q6_K at the file's
 //! bits, [`crate::packed::kcells`]): no second copy of the weights, and the decode step streams
 //! what the file holds.
 //!
 //! The arithmetic, per output and in this order: starting from zero, for each sub-block `s` of
-//! each cell (32 rows; Q6_K 16), with `b` the activation block holding it,
+//! each cell (32 rows; Q3_K and Q6_K 16), with `b` the activation block holding it,
 //! `y = fma(isum_s as f32, scale_s * dx_b, y)`, then for Q4_K and Q5_K
 //! `y = fma(offset_s, sx_b, y)`; `isum_s` is the exact integer dot product of the sub-block's
-//! values (Q6_K's signed, `q - 32`) with the row's 8-bit integers. For Q4_K and Q5_K these are
+//! values (Q3_K's and Q6_K's signed, `q - 4` and `q - 32`) with the row's 8-bit integers. For Q4_K and Q5_K these are
 //! the steps of the re-laid-out matrices' products ([`super::products`]), so the bits are theirs.
 //! [`portable`] is the definition; the x86 kernels ([`super::kcells_x86`]) give its bits.
 
 use super::products::Kernel;
 use super::{QuantizedRows, BLOCK};
 use crate::few_rows::{column_task_width, in_column_ranges};
-use crate::packed::kcells::{parts, Layout, ROWS};
+use crate::packed::kcells::{self, parts, Layout, ROWS};
 use crate::packed::{CellValues, PackedMatrix, GROUP};
 
 /// Rows one kernel call keeps in registers at most (AVX-512's 32 registers: a sum and an
@@ -64,7 +64,7 @@ pub(super) fn columns(
             // VNNI takes two groups at once for two rows or more: its float steps per
             // sub-block then serve 16 columns (one row streams its weights, one stream at a
             // time, as the f32 decode kernels do).
-            let groups = if pairs(kernel) && g + 1 < g1 && p1 - p0 > 1 {
+            let groups = if pairs(kernel, w.cell_values()) && g + 1 < g1 && p1 - p0 > 1 {
                 2
             } else {
                 1
@@ -107,13 +107,13 @@ pub(super) fn columns(
     }
 }
 
-/// Whether `kernel` has a two-group tile.
-fn pairs(kernel: Kernel) -> bool {
+/// Whether `kernel` has a two-group tile for cells of `values` (Q3_K's have none).
+fn pairs(kernel: Kernel, values: CellValues) -> bool {
     #[cfg(target_arch = "x86_64")]
     if kernel == Kernel::Vnni512 {
-        return true;
+        return kcells::has_16_lanes(values);
     }
-    let _ = kernel;
+    let _ = (kernel, values);
     false
 }
 
@@ -155,7 +155,7 @@ pub(super) fn portable(
     out: &mut [f32],
 ) {
     let values = w.cell_values();
-    let (sub, q6) = (Layout::of(values).sub_rows, values == CellValues::Q6K);
+    let (sub, signed) = (Layout::of(values).sub_rows, kcells::signed(values));
     let cell_bytes = values.cell_bytes(ROWS);
     let cells = w.group_cells(g);
     let blocks = a.k / BLOCK;
@@ -179,7 +179,7 @@ pub(super) fn portable(
                 for lane in 0..GROUP {
                     let isum: i32 = q[lane].iter().zip(x).map(|(&q, &x)| q * x as i32).sum();
                     y[lane] = (isum as f32).mul_add(scale[lane] * dx, y[lane]);
-                    if !q6 {
+                    if !signed {
                         y[lane] = offset[lane].mul_add(sx, y[lane]);
                     }
                 }

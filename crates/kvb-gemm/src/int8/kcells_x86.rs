@@ -17,7 +17,7 @@ use super::kcells::MAX_TILE_ROWS;
 use super::products::Kernel;
 use super::{QuantizedRows, BLOCK};
 use crate::packed::kcells::avx2::{bytes, run_bytes};
-use crate::packed::kcells::{of_kind, Layout, KIND_Q4K, KIND_Q5K, KIND_Q6K, ROWS};
+use crate::packed::kcells::{self, of_kind, Layout, KIND_Q3K, KIND_Q4K, KIND_Q5K, KIND_Q6K, ROWS};
 use crate::packed::{CellValues, PackedMatrix, GROUP};
 use std::arch::x86_64::*;
 
@@ -29,6 +29,7 @@ macro_rules! by_shape {
                 ($r, KIND_Q4K) => $f::<$r, KIND_Q4K> $args,
                 ($r, KIND_Q5K) => $f::<$r, KIND_Q5K> $args,
                 ($r, KIND_Q6K) => $f::<$r, KIND_Q6K> $args,
+                ($r, KIND_Q3K) => $f::<$r, KIND_Q3K> $args,
             )*
             _ => unreachable!("rows checked above"),
         }
@@ -79,7 +80,7 @@ const AHEAD: usize = 2;
 
 /// One run of 8 rows of a K-quant cell (`r8` a multiple of 8) as the byte dot products take
 /// it: the 8 lanes' rows 0-3, 4 per 32-bit lane, and their rows 4-7 (values as stored,
-/// Q6_K's unsigned).
+/// Q3_K's and Q6_K's unsigned).
 ///
 /// # Safety
 /// AVX2 is present; `cell` points at a whole cell of kind `K`.
@@ -125,7 +126,7 @@ macro_rules! body {
     ($dot:ident, $run:expr, $R:ident, $K:ident, $a:ident, $r0:ident, $cells:ident, $out:ident) => {{
         let values = of_kind($K);
         let at = Layout::of(values);
-        let q6 = values == CellValues::Q6K;
+        let signed = kcells::signed(values);
         let cell_bytes = values.cell_bytes(ROWS);
         let (k, blocks, halves) = ($a.k, $a.k / BLOCK, $a.k / (BLOCK / 2));
         let sign = _mm256_set1_ps(-0.0);
@@ -145,9 +146,9 @@ macro_rules! body {
                 }
                 let scale = _mm256_mul_ps(
                     d,
-                    _mm256_cvtepi32_ps(bytes(cell.add(at.sc + s * GROUP), q6)),
+                    _mm256_cvtepi32_ps(bytes(cell.add(at.sc + s * GROUP), signed)),
                 );
-                let offset = if q6 {
+                let offset = if signed {
                     sign
                 } else {
                     let m = _mm256_cvtepi32_ps(bytes(cell.add(at.m + s * GROUP), false));
@@ -169,15 +170,16 @@ macro_rules! body {
                 let row0 = c * ROWS + s * at.sub_rows;
                 for (i, sums) in sums.iter().enumerate() {
                     let mut isum = _mm256_add_epi32(sums[0], sums[1]);
-                    if q6 {
+                    if signed {
                         let sum = *$a.sums16.get_unchecked(($r0 + i) * halves + row0 / 16);
-                        isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(32 * sum));
+                        let bias = kcells::bias(values) as i32;
+                        isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(bias * sum));
                     }
                     let b = ($r0 + i) * blocks + row0 / BLOCK;
                     let dx = _mm256_set1_ps(*$a.scale.get_unchecked(b));
                     y[i] =
                         _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(scale, dx), y[i]);
-                    if !q6 {
+                    if !signed {
                         let sx = _mm256_set1_ps(*$a.scaled_sum.get_unchecked(b));
                         y[i] = _mm256_fmadd_ps(offset, sx, y[i]);
                     }
@@ -343,6 +345,10 @@ unsafe fn run_vnni_pair<const R: usize, const K: u8>(
     out: &mut [f32],
 ) {
     let values = of_kind(K);
+    assert!(
+        values != CellValues::Q3K,
+        "Q3_K cells have no two-group tile"
+    );
     let at = Layout::of(values);
     let q6 = values == CellValues::Q6K;
     let cell_bytes = values.cell_bytes(ROWS);

@@ -18,7 +18,7 @@
 //! loaded, at the file's bits ([`super::kcells`]), and the matrix shares them.
 
 use super::{BLOCK, LANES};
-use crate::packed::{CellValues, PackedMatrix, Pages, Scales, GROUP};
+use crate::packed::{kcells, CellValues, PackedMatrix, Pages, Scales, GROUP};
 use rayon::prelude::*;
 use std::sync::Arc;
 
@@ -54,10 +54,15 @@ impl std::fmt::Debug for IntDotMatrix {
 
 impl IntDotMatrix {
     /// Whether [`IntDotMatrix::from_packed`] takes `p`: integers sharing a scale per 32 rows,
-    /// or K-quant cells (whose Q6_K sub-blocks share one per 16).
+    /// or K-quant cells (whose Q3_K and Q6_K sub-blocks share one per 16, with no offset; not
+    /// Q2_K's, which have an offset per 16).
     pub fn takes(p: &PackedMatrix) -> bool {
         let values = p.cell_values();
-        values.is_k_quant() || values.is_integer() && values.sub_rows(p.cell_rows()) == BLOCK
+        // An offset per sub-block is multiplied by its rows' sum, which the rows keep per
+        // block of 32 (so not Q2_K's, per 16); offset-free sub-blocks of 16 take `sums16`.
+        let sub_rows = values.sub_rows(p.cell_rows());
+        let k_quant = values.is_k_quant() && (kcells::signed(values) || sub_rows == BLOCK);
+        k_quant || !values.is_k_quant() && values.is_integer() && sub_rows == BLOCK
     }
 
     /// `p` re-laid out (K-quant cells: shared as they are), or `None` where

@@ -10,8 +10,9 @@ use std::sync::Arc;
 /// offsets), 1 Q4_1 (4-bit, f16 scales and offsets), 7 Q8_0 and 8 Q4_0 (f16 scales; Q4_0's
 /// offsets `-8 d`), and K-quant cells as loaded: 5 Q4_K, 6 Q5_K (5-bit values), 2 Q6_K (6-bit
 /// signed values, 16-row sub-blocks); 9 Q5_1 (8-bit cells, f16 scales and offsets), 11 IQ4_XS
-/// (8-bit cells, f32 scales) and 12 Q3_K (in Q6_K cells).
-const INTEGER_FORMATS: [usize; 10] = [0, 1, 7, 8, 5, 6, 2, 9, 11, 12];
+/// (8-bit cells, f32 scales), 12 Q3_K (3-bit signed values, 16-row sub-blocks) and 13 Q3_K
+/// beside Q6_K (in Q6_K cells).
+const INTEGER_FORMATS: [usize; 11] = [0, 1, 7, 8, 5, 6, 2, 9, 11, 12, 13];
 
 /// The exact product of `a`'s dequantized rows and `w`'s values, in f64.
 fn exact(a: &QuantizedRows, w: &IntDotMatrix) -> Vec<f64> {
@@ -144,7 +145,7 @@ proptest! {
 /// Half-precision cells are not taken (they keep the f32 products); integer cells are.
 #[test]
 fn float_cells_are_declined() {
-    // Q2_K's 4-bit cells have a scale per 16 rows, not the 32 a byte product's block sums.
+    // Q2_K's cells have an offset per 16 rows, not per the 32 a byte product's block sums.
     for format in [3, 4, 10] {
         let (packed, _) = packed_matrix(format, 8, 24, 1);
         assert!(!IntDotMatrix::takes(&packed), "format {format}");
@@ -162,7 +163,7 @@ fn float_cells_are_declined() {
 /// K-quant cells are read as loaded: the 8-bit matrix holds no bytes of its own beside them.
 #[test]
 fn k_quant_cells_are_shared_not_copied() {
-    for format in [5, 6, 2, 12] {
+    for format in [5, 6, 2, 12, 13] {
         let (packed, _) = packed_matrix(format, 16, 24, 3);
         let packed = Arc::new(packed);
         let w = IntDotMatrix::from_packed(&packed).expect("K-quant cells");

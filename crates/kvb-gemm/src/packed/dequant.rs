@@ -21,7 +21,9 @@ pub(super) fn value(values: CellValues, cell: &[u8], r: usize, lane: usize) -> f
         CellValues::Bytes(s) => (v[r * GROUP + lane] as i8 as f32, s),
         CellValues::Bf16 => return half::bf16::from_le_bytes(half()).to_f32(),
         CellValues::F16 => return half::f16::from_le_bytes(half()).to_f32(),
-        CellValues::Q4K | CellValues::Q5K | CellValues::Q6K => unreachable!("read above"),
+        CellValues::Q2K | CellValues::Q3K | CellValues::Q4K | CellValues::Q5K | CellValues::Q6K => {
+            unreachable!("read above")
+        }
     };
     let (scale, offset) = scales.read(cell, lane);
     q * scale + offset
@@ -65,9 +67,10 @@ pub(super) fn group(
     }
 }
 
-/// Whether [`pair`] runs its 16-lane kernel here (AVX-512F).
+/// Whether [`pair`] runs its 16-lane kernel here (AVX-512F; Q2_K's and Q3_K's cells have only
+/// the 8-lane one).
 pub(super) fn pairs_vectorised(values: CellValues) -> bool {
-    values.vectorised() && crate::isa() == crate::Isa::Avx512
+    values.vectorised() && crate::isa() == crate::Isa::Avx512 && kcells::has_16_lanes(values)
 }
 
 /// How many cells ahead of the one being expanded the kernels ask for.

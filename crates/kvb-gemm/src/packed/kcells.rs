@@ -1,4 +1,5 @@
-//! K-quant cells: a GGUF's Q4_K, Q5_K and Q6_K blocks kept at the file's bits per weight.
+//! K-quant cells: a GGUF's Q2_K, Q3_K, Q4_K, Q5_K and Q6_K blocks kept at the file's bits per
+//! weight.
 //!
 //! A cell is one K-quant block's 256 reduction rows for the 8 columns of a group, holding what
 //! the 8 blocks hold, re-laid so that one 8-byte load feeds one 8-lane vector:
@@ -9,8 +10,14 @@
 //! - Q5_K: the fifth bits, 8 rows per byte (row `r` in bit `r % 8` of byte `r / 8 * 8 + lane`);
 //!   Q6_K: the top two bits, 4 rows per byte (bits `2 (r % 4)` of byte `r / 4 * 8 + lane`).
 //!
-//! Bits per weight: Q4_K 4.625 (file 4.5: bytes for the 6-bit scales and mins), Q5_K 5.625
-//! (5.5), Q6_K 6.5625 (the file's). A weight's value is computed as the file defines it
+//! A Q3_K cell has no nibbles: in their place its low bit pairs, 4 rows per byte as Q6_K's top
+//! pairs, then its third bits, 8 rows per byte as Q5_K's fifth; its sub-block scales are the
+//! file's 6-bit ones less 32, signed bytes as Q6_K's. A Q2_K cell holds only bit pairs, and
+//! each sub-block's 4-bit scale and min in one byte per lane, as the file does (scale low).
+//!
+//! Bits per weight: Q2_K 2.625 (the file's), Q3_K 3.5625 (file 3.4375: a byte for each 6-bit scale), Q4_K 4.625 (file
+//! 4.5: bytes for the 6-bit scales and mins), Q5_K 5.625 (5.5), Q6_K 6.5625 (the file's). A
+//! weight's value is computed as the file defines it
 //! ([`kvb_modelfile::gguf::blocks::KBlock`]): `(q - bias) * (d * sc) + -(dmin * m)`, every product exact in
 //! f32, so the vector kernels, which form `d * sc` in a register, give the same f32.
 
@@ -27,11 +34,11 @@ pub(crate) struct Layout {
     pub dmin: usize,
     /// The sub-block scales, `[sub][lane]`.
     pub sc: usize,
-    /// The sub-block mins, `[sub][lane]` (Q4_K, Q5_K).
+    /// The sub-block mins, `[sub][lane]` (Q4_K, Q5_K; Q2_K's share the scales' bytes).
     pub m: usize,
-    /// The nibbles.
+    /// The nibbles (Q2_K and Q3_K: the low bit pairs).
     pub nibbles: usize,
-    /// The high bits (Q5_K, Q6_K).
+    /// The high bits (Q3_K's third, Q5_K's fifth, Q6_K's top pair).
     pub high: usize,
     /// Rows per sub-block.
     pub sub_rows: usize,
@@ -46,6 +53,22 @@ impl Layout {
                 m: 0,
                 nibbles: 144,
                 high: 144 + ROWS * GROUP / 2,
+                sub_rows: 16,
+            },
+            CellValues::Q2K => Layout {
+                dmin: 16,
+                sc: 32,
+                m: 32,
+                nibbles: 160,
+                high: 160 + ROWS * GROUP / 4,
+                sub_rows: 16,
+            },
+            CellValues::Q3K => Layout {
+                dmin: 0,
+                sc: 16,
+                m: 0,
+                nibbles: 144,
+                high: 144 + ROWS * GROUP / 4,
                 sub_rows: 16,
             },
             _ => Layout {
@@ -64,12 +87,16 @@ impl Layout {
 pub(crate) const KIND_Q4K: u8 = 0;
 pub(crate) const KIND_Q5K: u8 = 1;
 pub(crate) const KIND_Q6K: u8 = 2;
+pub(crate) const KIND_Q3K: u8 = 3;
+pub(crate) const KIND_Q2K: u8 = 4;
 
 /// `values` as a kind constant (K-quant cell types only).
 pub(crate) const fn kind(values: CellValues) -> u8 {
     match values {
         CellValues::Q5K => KIND_Q5K,
         CellValues::Q6K => KIND_Q6K,
+        CellValues::Q3K => KIND_Q3K,
+        CellValues::Q2K => KIND_Q2K,
         _ => KIND_Q4K,
     }
 }
@@ -78,7 +105,30 @@ pub(crate) const fn of_kind(kind: u8) -> CellValues {
     match kind {
         KIND_Q5K => CellValues::Q5K,
         KIND_Q6K => CellValues::Q6K,
+        KIND_Q3K => CellValues::Q3K,
+        KIND_Q2K => CellValues::Q2K,
         _ => CellValues::Q4K,
+    }
+}
+
+/// Whether `values`' integers are signed (stored less a bias) with no per-sub-block offset:
+/// Q3_K and Q6_K, whose scales are signed bytes too.
+pub(crate) const fn signed(values: CellValues) -> bool {
+    matches!(values, CellValues::Q3K | CellValues::Q6K)
+}
+
+/// Whether the 16-lane (AVX-512) kernels take cells of `values`: Q2_K's and Q3_K's have only
+/// the 8-lane ones (every CPU with AVX-512 has AVX2, FMA and F16C).
+pub(crate) const fn has_16_lanes(values: CellValues) -> bool {
+    !matches!(values, CellValues::Q2K | CellValues::Q3K)
+}
+
+/// What `values`' stored integers are less: 4 for Q3_K, 32 for Q6_K, else 0.
+pub(crate) const fn bias(values: CellValues) -> i8 {
+    match values {
+        CellValues::Q3K => 4,
+        CellValues::Q6K => 32,
+        _ => 0,
     }
 }
 
@@ -88,6 +138,8 @@ macro_rules! by_kind {
         match $crate::packed::kcells::kind($values) {
             $crate::packed::kcells::KIND_Q5K => $run!({ $crate::packed::kcells::KIND_Q5K }),
             $crate::packed::kcells::KIND_Q6K => $run!({ $crate::packed::kcells::KIND_Q6K }),
+            $crate::packed::kcells::KIND_Q3K => $run!({ $crate::packed::kcells::KIND_Q3K }),
+            $crate::packed::kcells::KIND_Q2K => $run!({ $crate::packed::kcells::KIND_Q2K }),
             _ => $run!({ $crate::packed::kcells::KIND_Q4K }),
         }
     };
@@ -101,12 +153,13 @@ pub(crate) fn head_bytes(values: CellValues) -> usize {
 
 /// Bytes of the values of a cell (256 rows).
 pub(crate) fn value_bytes(values: CellValues) -> usize {
-    ROWS * GROUP / 2
-        + match values {
-            CellValues::Q5K => ROWS * GROUP / 8,
-            CellValues::Q6K => ROWS * GROUP / 4,
-            _ => 0,
-        }
+    match values {
+        CellValues::Q2K => ROWS * GROUP / 4,
+        CellValues::Q3K => ROWS * GROUP / 4 + ROWS * GROUP / 8,
+        CellValues::Q5K => ROWS * GROUP / 2 + ROWS * GROUP / 8,
+        CellValues::Q6K => ROWS * GROUP / 2 + ROWS * GROUP / 4,
+        _ => ROWS * GROUP / 2,
+    }
 }
 
 /// Stores `blocks` (at most [`GROUP`]: the group's columns, in order) as the lanes of `cell`,
@@ -114,17 +167,30 @@ pub(crate) fn value_bytes(values: CellValues) -> usize {
 /// lanes past the last block stay as they are.
 pub(crate) fn put(values: CellValues, cell: &mut [u8], blocks: &[KBlock]) {
     let at = Layout::of(values);
+    let signed = signed(values);
     for (lane, block) in blocks.iter().enumerate() {
         cell[lane * 2..lane * 2 + 2].copy_from_slice(&block.d);
-        if values != CellValues::Q6K {
+        if !signed {
             cell[at.dmin + lane * 2..at.dmin + lane * 2 + 2].copy_from_slice(&block.dmin);
         }
         for s in 0..ROWS / at.sub_rows {
             cell[at.sc + s * GROUP + lane] = block.sc[s];
-            if values != CellValues::Q6K {
+            if values == CellValues::Q2K {
+                cell[at.sc + s * GROUP + lane] |= block.m[s] << 4;
+            } else if !signed {
                 cell[at.m + s * GROUP + lane] = block.m[s];
             }
         }
+    }
+    if values == CellValues::Q2K {
+        put_plane(cell, at.nibbles, blocks, 2, |q| q);
+        return;
+    }
+    if values == CellValues::Q3K {
+        // `KBlock` reads a Q3_K value as Q6_K's (its 3 bits plus 28).
+        put_plane(cell, at.nibbles, blocks, 2, |q| q.wrapping_sub(28));
+        put_plane(cell, at.high, blocks, 1, |q| q.wrapping_sub(28) >> 2);
+        return;
     }
     for p in 0..ROWS / 2 {
         let bytes = &mut cell[at.nibbles + p * GROUP..][..blocks.len()];
@@ -132,20 +198,26 @@ pub(crate) fn put(values: CellValues, cell: &mut [u8], blocks: &[KBlock]) {
             *byte = (block.q[2 * p] & 0x0f) | (block.q[2 * p + 1] & 0x0f) << 4;
         }
     }
-    let (bits, mask) = match values {
-        CellValues::Q5K => (1, 1),
-        CellValues::Q6K => (2, 3),
-        _ => return,
-    };
-    let per_byte = 8 / bits;
+    match values {
+        CellValues::Q5K => put_plane(cell, at.high, blocks, 1, |q| q >> 4),
+        CellValues::Q6K => put_plane(cell, at.high, blocks, 2, |q| q >> 4),
+        _ => {}
+    }
+}
+
+/// Writes the low `bits` of `part(q)` of every row into the plane at `at`, `8 / bits` rows per
+/// byte: row `r` of lane `lane` at bit `bits * (r % (8 / bits))` of byte
+/// `at + r / (8 / bits) * 8 + lane`.
+fn put_plane(cell: &mut [u8], at: usize, blocks: &[KBlock], bits: usize, part: impl Fn(u8) -> u8) {
+    let (per_byte, mask) = (8 / bits, (1u8 << bits) - 1);
     for b in 0..ROWS / per_byte {
-        let bytes = &mut cell[at.high + b * GROUP..][..blocks.len()];
+        let bytes = &mut cell[at + b * GROUP..][..blocks.len()];
         for (byte, block) in bytes.iter_mut().zip(blocks) {
             let run = &block.q[b * per_byte..(b + 1) * per_byte];
             *byte = run
                 .iter()
                 .enumerate()
-                .fold(0u8, |acc, (i, q)| acc | ((q >> 4) & mask) << (bits * i));
+                .fold(0u8, |acc, (i, &q)| acc | (part(q) & mask) << (bits * i));
         }
     }
 }
@@ -155,27 +227,32 @@ pub(crate) fn put(values: CellValues, cell: &mut [u8], blocks: &[KBlock]) {
 pub(crate) fn parts(values: CellValues, cell: &[u8], r: usize, lane: usize) -> (i32, f32, f32) {
     let at = Layout::of(values);
     let f16 = |o: usize| half::f16::from_le_bytes([cell[o], cell[o + 1]]).to_f32();
+    // Row `r`'s `bits` in the plane at `o` (as [`put_plane`] wrote them).
+    let plane = |o: usize, bits: usize| {
+        let per_byte = 8 / bits;
+        (cell[o + r / per_byte * GROUP + lane] >> (bits * (r % per_byte))) & ((1u8 << bits) - 1)
+    };
     let s = r / at.sub_rows;
-    let low = (cell[at.nibbles + r / 2 * GROUP + lane] >> (4 * (r % 2))) & 0x0f;
     let d = f16(lane * 2);
     let sc = cell[at.sc + s * GROUP + lane];
-    match values {
-        CellValues::Q6K => {
-            let high = (cell[at.high + r / 4 * GROUP + lane] >> (2 * (r % 4))) & 3;
-            let q = (low | high << 4) as i32 - 32;
-            (q, d * sc as i8 as f32, -0.0)
-        }
-        _ => {
-            let high = if values == CellValues::Q5K {
-                (cell[at.high + r / 8 * GROUP + lane] >> (r % 8)) & 1
-            } else {
-                0
-            };
-            let m = cell[at.m + s * GROUP + lane];
-            let offset = -(f16(at.dmin + lane * 2) * m as f32);
-            ((low | high << 4) as i32, d * sc as f32, offset)
-        }
+    if signed(values) {
+        let q = match values {
+            CellValues::Q3K => plane(at.nibbles, 2) | plane(at.high, 1) << 2,
+            _ => plane(at.nibbles, 4) | plane(at.high, 2) << 4,
+        };
+        return (q as i32 - bias(values) as i32, d * sc as i8 as f32, -0.0);
     }
+    let (q, sc, m) = match values {
+        CellValues::Q2K => (plane(at.nibbles, 2), sc & 0x0f, sc >> 4),
+        CellValues::Q5K => (
+            plane(at.nibbles, 4) | plane(at.high, 1) << 4,
+            sc,
+            cell[at.m + s * GROUP + lane],
+        ),
+        _ => (plane(at.nibbles, 4), sc, cell[at.m + s * GROUP + lane]),
+    };
+    let offset = -(f16(at.dmin + lane * 2) * m as f32);
+    (q as i32, d * sc as f32, offset)
 }
 
 /// Cells ahead whose lines the vector kernels ask for, a few lines per sub-block: a decode
@@ -264,8 +341,8 @@ pub(crate) mod avx2 {
     /// Rows `r8..r8 + 8` (`r8` a multiple of 8) of a cell of kind `K`, their values joined in
     /// bytes 32 at a time: rows `r8`, `r8 + 2`, `r8 + 4`, `r8 + 6` in the 64-bit quarters of the
     /// first register, the odd rows in the second, each quarter the 8 lanes' values as stored
-    /// (Q6_K's unsigned, before its bias of 32). Q5_K's fifth bits and Q6_K's top pairs shift
-    /// into place by a variable shift per quarter.
+    /// (Q3_K's and Q6_K's unsigned, before their [`bias`]). Q5_K's fifth bits and Q6_K's top
+    /// pairs shift into place by a variable shift per quarter.
     ///
     /// # Safety
     /// AVX2 is present; `cell` points at a whole cell of kind `K`.
@@ -273,6 +350,11 @@ pub(crate) mod avx2 {
     pub(crate) unsafe fn run_bytes<const K: u8>(cell: *const u8, r8: usize) -> [__m256i; 2] {
         let values = of_kind(K);
         let at = Layout::of(values);
+        match values {
+            CellValues::Q2K => return pair_run_bytes(cell, &at, r8),
+            CellValues::Q3K => return q3k_run_bytes(cell, &at, r8),
+            _ => {}
+        }
         let low = _mm256_set1_epi8(0x0f);
         let v = _mm256_loadu_si256(cell.add(at.nibbles + r8 / 2 * GROUP) as *const __m256i);
         let (mut lo, mut hi) = (
@@ -300,6 +382,53 @@ pub(crate) mod avx2 {
         [lo, hi]
     }
 
+    /// [`run_bytes`] for a cell of bit pairs (Q2_K's values, Q3_K's low bits): they shift into
+    /// place as Q6_K's top pairs do.
+    #[inline(always)]
+    unsafe fn pair_run_bytes(cell: *const u8, at: &Layout, r8: usize) -> [__m256i; 2] {
+        let pair = _mm_loadu_si128(cell.add(at.nibbles + r8 / 4 * GROUP) as *const __m128i);
+        let h = _mm256_permute4x64_epi64::<0b01_01_00_00>(_mm256_castsi128_si256(pair));
+        let even = _mm256_srlv_epi64(h, _mm256_setr_epi64x(0, 4, 0, 4));
+        let pairs = _mm256_set1_epi8(3);
+        [
+            _mm256_and_si256(even, pairs),
+            _mm256_and_si256(_mm256_srli_epi64::<2>(even), pairs),
+        ]
+    }
+
+    /// [`run_bytes`] for a Q3_K cell: its low pairs ([`pair_run_bytes`]), its third bits
+    /// shifted into place as Q5_K's fifth.
+    #[inline(always)]
+    unsafe fn q3k_run_bytes(cell: *const u8, at: &Layout, r8: usize) -> [__m256i; 2] {
+        let [lo, hi] = pair_run_bytes(cell, at, r8);
+        let t = _mm256_set1_epi64x((cell.add(at.high + r8) as *const i64).read_unaligned());
+        let even = _mm256_srlv_epi64(t, _mm256_setr_epi64x(0, 2, 4, 6));
+        let third = _mm256_set1_epi8(4);
+        let lo_third = _mm256_and_si256(_mm256_slli_epi16::<2>(even), third);
+        let hi_third = _mm256_and_si256(_mm256_slli_epi16::<1>(even), third);
+        [_mm256_or_si256(lo, lo_third), _mm256_or_si256(hi, hi_third)]
+    }
+
+    /// Sub-block `s`'s scales and mins of the cell of kind `K` at `cell`, 8 lanes of i32: the
+    /// scales signed for Q3_K and Q6_K (whose mins are zero), Q2_K's two nibbles of one byte.
+    ///
+    /// # Safety
+    /// AVX2 is present; `cell` points at a whole cell of kind `K`.
+    #[inline(always)]
+    pub(crate) unsafe fn sub_ints<const K: u8>(cell: *const u8, s: usize) -> (__m256i, __m256i) {
+        let values = of_kind(K);
+        let at = Layout::of(values);
+        let sc = bytes(cell.add(at.sc + s * GROUP), signed(values));
+        match values {
+            CellValues::Q2K => (
+                _mm256_and_si256(sc, _mm256_set1_epi32(0x0f)),
+                _mm256_srli_epi32::<4>(sc),
+            ),
+            _ if signed(values) => (sc, _mm256_setzero_si256()),
+            _ => (sc, bytes(cell.add(at.m + s * GROUP), false)),
+        }
+    }
+
     /// Calls `row(r, w)` with each row's weights of `U` cells of kind `K` (one per group, `w[i]` from
     /// `cells[i]`), in row order: per sub-block each cell's scale `d * sc` and offset
     /// `-(dmin * m)` formed once (exact products), then `fma(scale, q, offset)` per row, as the
@@ -319,7 +448,7 @@ pub(crate) mod avx2 {
         // The type as a constant, so that no test of it is left in the loops.
         let values = of_kind(K);
         let at = Layout::of(values);
-        let q6 = values == CellValues::Q6K;
+        let signed = signed(values);
         let mut d = [_mm256_setzero_ps(); U];
         let mut dmin = [_mm256_setzero_ps(); U];
         for i in 0..U {
@@ -336,10 +465,10 @@ pub(crate) mod avx2 {
                 prefetch_part(cell, bytes_of_cell, s, subs);
             }
             for i in 0..U {
-                let sc = _mm256_cvtepi32_ps(bytes(cells[i].add(at.sc + s * GROUP), q6));
-                scale[i] = _mm256_mul_ps(d[i], sc);
-                if !q6 {
-                    let m = _mm256_cvtepi32_ps(bytes(cells[i].add(at.m + s * GROUP), false));
+                let (sc, m) = sub_ints::<K>(cells[i], s);
+                scale[i] = _mm256_mul_ps(d[i], _mm256_cvtepi32_ps(sc));
+                if !signed {
+                    let m = _mm256_cvtepi32_ps(m);
                     offset[i] = _mm256_xor_ps(_mm256_mul_ps(dmin[i], m), sign);
                 }
             }
@@ -351,8 +480,8 @@ pub(crate) mod avx2 {
                     let mut quarters = [[[_mm_setzero_si128(); 4]; 2]; U];
                     for (i, q) in quarters.iter_mut().enumerate() {
                         for (half, v) in run_bytes::<K>(cells[i], r0).into_iter().enumerate() {
-                            let v = if q6 {
-                                _mm256_sub_epi8(v, _mm256_set1_epi8(32))
+                            let v = if signed {
+                                _mm256_sub_epi8(v, _mm256_set1_epi8(bias(values)))
                             } else {
                                 v
                             };
@@ -365,7 +494,7 @@ pub(crate) mod avx2 {
                         for half in 0..2 {
                             let w: [__m256; U] = std::array::from_fn(|i| {
                                 let q = quarters[i][half][p];
-                                let q = if q6 {
+                                let q = if signed {
                                     _mm256_cvtepi8_epi32(q)
                                 } else {
                                     _mm256_cvtepu8_epi32(q)
@@ -456,6 +585,10 @@ pub(crate) mod avx512 {
     ) {
         // The type as a constant, so that no test of it is left in the loops.
         let values = of_kind(K);
+        assert!(
+            has_16_lanes(values),
+            "{values:?} cells take the 8-lane kernels"
+        );
         let at = Layout::of(values);
         let q6 = values == CellValues::Q6K;
         let mut d = [_mm512_setzero_ps(); U];

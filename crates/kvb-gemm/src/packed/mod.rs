@@ -3,16 +3,16 @@
 //!
 //! A decode step or a warm request multiplies a few rows by every weight of the model, so its
 //! cost is the bytes of weights streamed: f32 weights stream 32 bits per weight, a GGUF's Q4_K
-//! 4.5. [`PackedMatrix`] keeps a GGUF's K-quant blocks (Q4_K, Q5_K, Q6_K) at the file's bits per
-//! weight (within 3%: [`kcells`]), its Q4_0, Q4_1 and Q8_0 blocks at the file's bits too (4.5, 5
+//! 4.5. [`PackedMatrix`] keeps a GGUF's K-quant blocks (Q2_K to Q6_K) at the file's bits per
+//! weight (within 4%: [`kcells`]), its Q4_0, Q4_1 and Q8_0 blocks at the file's bits too (4.5, 5
 //! and 8.5: their f16 scales kept, [`Scales`]; a fused projection mixing such formats widens
 //! its scales to f32), f16 and
 //! bf16 tensors (a GGUF's or a safetensors folder's) at 16 bits, and can round f32 weights to 8
 //! bits ([`PackedMatrix::quantize_q8_0`]) or to bf16 ([`PackedMatrix::round_to_bf16`]).
 //! Block types with no cells of their own are widened, exactly, into cells that hold their
-//! values: Q3_K into Q6_K's, Q5_0 and IQ4_NL into 8-bit cells with the file's f16 scales, Q5_1
-//! with its f16 scales and offsets, IQ4_XS into 8-bit cells with f32 scales, and Q2_K into 4-bit
-//! cells of 16 rows with f32 scales and offsets (`tests::f32_scaled_cells_equal_the_gguf_expansion`,
+//! values: Q3_K beside Q6_K in one projection into Q6_K's, Q5_0 and IQ4_NL into 8-bit cells with the file's f16 scales, Q5_1
+//! with its f16 scales and offsets, and IQ4_XS into 8-bit cells with f32 scales
+//! (`tests::f32_scaled_cells_equal_the_gguf_expansion`,
 //! `tests::widened_32_weight_blocks_take_8_bit_cells`).
 //!
 //! **The same values as the f32 path.** Every stored weight is `q * scale + offset` with the
@@ -178,6 +178,12 @@ pub enum CellValues {
     Q5K,
     /// Q6_K blocks: 256-row cells with a plane of top bit pairs, signed values ([`kcells`]).
     Q6K,
+    /// Q3_K blocks: 256-row cells of bit pairs with a plane of third bits, signed values
+    /// ([`kcells`]).
+    Q3K,
+    /// Q2_K blocks: 256-row cells of bit pairs, a 4-bit scale and min per 16 rows
+    /// ([`kcells`]).
+    Q2K,
 }
 
 impl CellValues {
@@ -190,21 +196,39 @@ impl CellValues {
         }
     }
 
-    /// The K-quant cells that keep tensors of `t`, if `t` is a K-quant they hold exactly: at
-    /// the file's bits, or for Q3_K as the Q6_K cells of the same values (6.56 bits a weight
-    /// against 3.44: Q3_K has no kernels of its own yet, and Q6_K's read it at memory speed).
+    /// The K-quant cells that keep tensors of `t` at the file's bits, if `t` is a K-quant.
     fn of_k_quant(t: GgmlType) -> Option<CellValues> {
         match t {
+            GgmlType::Q2_K => Some(CellValues::Q2K),
+            GgmlType::Q3_K => Some(CellValues::Q3K),
             GgmlType::Q4_K => Some(CellValues::Q4K),
             GgmlType::Q5_K => Some(CellValues::Q5K),
-            GgmlType::Q3_K | GgmlType::Q6_K => Some(CellValues::Q6K),
+            GgmlType::Q6_K => Some(CellValues::Q6K),
             _ => None,
         }
     }
 
+    /// The K-quant cells that keep every one of `types` exactly: their own where they share
+    /// one, else Q6_K's for Q3_K beside Q6_K (a Q3_K_M file's fused attention: Q6_K's 6-bit
+    /// cells hold Q3_K's values, and its sub-blocks are Q3_K's 16 rows).
+    fn of_k_quants(types: impl IntoIterator<Item = GgmlType>) -> Option<CellValues> {
+        let mut kinds = types.into_iter().map(CellValues::of_k_quant);
+        let first = kinds.next()??;
+        kinds.try_fold(first, |held, next| match (held, next?) {
+            (a, b) if a == b => Some(a),
+            (CellValues::Q3K | CellValues::Q6K, CellValues::Q3K | CellValues::Q6K) => {
+                Some(CellValues::Q6K)
+            }
+            _ => None,
+        })
+    }
+
     /// Whether cells of this type are K-quant blocks of [`kcells::ROWS`] rows.
     pub fn is_k_quant(self) -> bool {
-        matches!(self, CellValues::Q4K | CellValues::Q5K | CellValues::Q6K)
+        matches!(
+            self,
+            CellValues::Q2K | CellValues::Q3K | CellValues::Q4K | CellValues::Q5K | CellValues::Q6K
+        )
     }
 
     /// Whether the values are integers with scales (not 16-bit floats).
@@ -217,7 +241,11 @@ impl CellValues {
         match self {
             CellValues::Nibbles(s) | CellValues::Bytes(s) => s.head_bytes(),
             CellValues::Bf16 | CellValues::F16 => 0,
-            CellValues::Q4K | CellValues::Q5K | CellValues::Q6K => kcells::head_bytes(self),
+            CellValues::Q2K
+            | CellValues::Q3K
+            | CellValues::Q4K
+            | CellValues::Q5K
+            | CellValues::Q6K => kcells::head_bytes(self),
         }
     }
 
@@ -227,7 +255,11 @@ impl CellValues {
             CellValues::Nibbles(_) => rows * GROUP / 2,
             CellValues::Bytes(_) => rows * GROUP,
             CellValues::Bf16 | CellValues::F16 => rows * GROUP * 2,
-            CellValues::Q4K | CellValues::Q5K | CellValues::Q6K => kcells::value_bytes(self),
+            CellValues::Q2K
+            | CellValues::Q3K
+            | CellValues::Q4K
+            | CellValues::Q5K
+            | CellValues::Q6K => kcells::value_bytes(self),
         }
     }
 
@@ -327,13 +359,8 @@ impl PackedMatrix {
         if let Some(values) = CellValues::of_float(first.ggml_type) {
             return Self::from_floats(values, &parts);
         }
-        if let Some(values) = CellValues::of_k_quant(first.ggml_type) {
-            if parts
-                .iter()
-                .all(|p| CellValues::of_k_quant(p.ggml_type) == Some(values))
-            {
-                return Self::from_k_quants(values, &parts);
-            }
+        if let Some(values) = CellValues::of_k_quants(parts.iter().map(|p| p.ggml_type)) {
+            return Self::from_k_quants(values, &parts);
         }
         let k = first.cols;
         for &p in &parts {
@@ -468,8 +495,8 @@ impl PackedMatrix {
             );
     }
 
-    /// K-quant parts, every one of a type `values` keeps ([`CellValues::of_k_quant`]), at the
-    /// file's bits or Q3_K's widened ([`kcells`]).
+    /// K-quant parts, every one of a type `values` keeps ([`CellValues::of_k_quants`]), at the
+    /// file's bits or Q3_K's widened beside Q6_K ([`kcells`]).
     fn from_k_quants(values: CellValues, parts: &[&BlockTensor]) -> Result<Self> {
         let (t, k) = (parts[0].ggml_type, parts[0].cols);
         let per_block = t.block().0;

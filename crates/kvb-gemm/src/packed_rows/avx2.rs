@@ -58,7 +58,11 @@ unsafe fn run_groups<const R: usize, const G: usize>(a: &Set) {
         };
         match a.values {
             // K-quant cells: every group's row at once (G chains of multiply-adds per row).
-            CellValues::Q4K | CellValues::Q5K | CellValues::Q6K => {
+            CellValues::Q2K
+            | CellValues::Q3K
+            | CellValues::Q4K
+            | CellValues::Q5K
+            | CellValues::Q6K => {
                 let ahead = head.map(|p| prefetch_target(p, c, cells, cell_bytes, G));
                 macro_rules! run {
                     ($k:expr) => {

@@ -79,11 +79,11 @@ unsafe fn q4k_cells<const G: usize>(
     }
 }
 
-/// [`q4k_cells`] for Q5_K and Q6_K: per run of 8 rows, each group's values are joined in two
-/// registers of bytes ([`kcells::avx2::run_bytes`]; Q6_K's less its bias of 32), stored, and
+/// [`q4k_cells`] for Q2_K, Q3_K, Q5_K and Q6_K: per run of 8 rows, each group's values are joined in
+/// two registers of bytes ([`kcells::avx2::run_bytes`]; Q3_K's and Q6_K's less their bias), stored, and
 /// widened from memory row by row: taking the rows out of registers cost a shuffle each, and
-/// LLVM held all groups' runs at once. Q6_K's `scale * q` is a multiply where the general
-/// kernel adds an offset of -0.0 to it: the same bits.
+/// LLVM held all groups' runs at once. Q3_K's and Q6_K's `scale * q` is a multiply where the
+/// general kernel adds an offset of -0.0 to it: the same bits.
 ///
 /// # Safety
 /// AVX2, FMA and F16C are present; `cells` point at whole cells of kind `K`; `x` holds 256 f32.
@@ -96,10 +96,10 @@ unsafe fn high_bit_cells<const G: usize, const K: u8>(
     acc: &mut [__m256; G],
 ) {
     let values = kcells::of_kind(K);
-    let q6 = values == CellValues::Q6K;
+    let signed = kcells::signed(values);
     let at = Layout::of(values);
     let subs = ROWS / at.sub_rows;
-    let bias = _mm256_set1_epi8(if q6 { 32 } else { 0 });
+    let bias = _mm256_set1_epi8(kcells::bias(values));
     let sign = _mm256_set1_ps(-0.0);
     let mut scale = [_mm256_setzero_ps(); G];
     let mut offset = [sign; G];
@@ -119,7 +119,7 @@ unsafe fn high_bit_cells<const G: usize, const K: u8>(
                         let at = (run.as_ptr() as *const u8).add(half * 32 + p * 8);
                         let q = _mm_loadl_epi64(at as *const _);
                         let sc = std::ptr::read_volatile(&scale[i]);
-                        let w = if q6 {
+                        let w = if signed {
                             _mm256_mul_ps(sc, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)))
                         } else {
                             let q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q));
@@ -134,8 +134,8 @@ unsafe fn high_bit_cells<const G: usize, const K: u8>(
 }
 
 /// Starts sub-block `s` of `G` cells of kind `K`: prefetches its share of the cells `ahead`
-/// and stores each group's scale `d * sc` and offset `-(dmin * m)` (Q6_K has none: its
-/// offset stays -0.0). Volatile: stored once a sub-block and loaded by each use, never held in
+/// and stores each group's scale `d * sc` and offset `-(dmin * m)` (Q3_K and Q6_K have none:
+/// their offset stays -0.0). Volatile: stored once a sub-block and loaded by each use, never held in
 /// registers (`d` and `dmin` are read again per sub-block for the same reason).
 ///
 /// # Safety
@@ -149,18 +149,18 @@ unsafe fn start_sub_block<const G: usize, const K: u8>(
     offset: &mut [__m256; G],
 ) {
     let values = kcells::of_kind(K);
-    let (at, q6) = (Layout::of(values), values == CellValues::Q6K);
+    let (at, signed) = (Layout::of(values), kcells::signed(values));
     let (subs, cell_bytes) = (ROWS / at.sub_rows, values.cell_bytes(ROWS));
     for cell in ahead {
         prefetch_part(cell, cell_bytes, s, subs);
     }
     for i in 0..G {
         let at_head = |o: usize| _mm256_cvtph_ps(_mm_loadu_si128(cells[i].add(o) as *const _));
-        let sub = |o: usize| _mm256_cvtepi32_ps(kcells::avx2::bytes(cells[i].add(o), q6));
-        let sc = sub(at.sc + s * GROUP);
+        let (sc, m) = kcells::avx2::sub_ints::<K>(cells[i], s);
+        let sc = _mm256_cvtepi32_ps(sc);
         std::ptr::write_volatile(&mut scale[i], _mm256_mul_ps(at_head(0), sc));
-        if !q6 {
-            let m = _mm256_mul_ps(at_head(at.dmin), sub(at.m + s * GROUP));
+        if !signed {
+            let m = _mm256_mul_ps(at_head(at.dmin), _mm256_cvtepi32_ps(m));
             std::ptr::write_volatile(&mut offset[i], _mm256_xor_ps(m, _mm256_set1_ps(-0.0)));
         }
     }

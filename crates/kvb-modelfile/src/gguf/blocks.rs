@@ -182,20 +182,21 @@ pub struct KBlock {
     pub d: [u8; 2],
     /// `dmin`'s two bytes, as stored (zero for Q6_K).
     pub dmin: [u8; 2],
-    /// Sub-block scales: 8 unsigned 6-bit ones (Q4_K, Q5_K) or 16 signed bytes (Q6_K, as `u8`).
+    /// Sub-block scales: 8 unsigned 6-bit ones (Q4_K, Q5_K), 16 unsigned 4-bit ones (Q2_K) or
+    /// 16 signed bytes (Q3_K and Q6_K, as `u8`).
     pub sc: [u8; 16],
-    /// Sub-block mins (Q4_K, Q5_K; 6 bits).
-    pub m: [u8; 8],
-    /// Each weight's stored integer, unsigned (4, 5 or 6 bits).
+    /// Sub-block mins: 8 of 6 bits (Q4_K, Q5_K) or 16 of 4 bits (Q2_K).
+    pub m: [u8; 16],
+    /// Each weight's stored integer, unsigned (2 to 6 bits).
     pub q: [u8; 256],
-    /// Weights per sub-block: 32, or 16 for Q6_K.
+    /// Weights per sub-block: 32, or 16 for Q2_K, Q3_K and Q6_K.
     pub sub_len: usize,
     /// Subtracted from `q`: 32 for Q6_K, else 0.
     pub bias: u8,
 }
 
 impl KBlock {
-    /// Reads one block of `t` (Q3_K, Q4_K, Q5_K or Q6_K). A Q3_K block is read as the Q6_K
+    /// Reads one block of `t` (Q2_K, Q3_K, Q4_K, Q5_K or Q6_K). A Q3_K block is read as the Q6_K
     /// block of the same values: its 6-bit scales less 32 are Q6_K's int8 scales and its 3-bit
     /// values plus 32 are 6-bit values within Q6_K's bias (same sub-blocks of 16, same `d`).
     ///
@@ -207,11 +208,26 @@ impl KBlock {
             d: [0; 2],
             dmin: [0; 2],
             sc: [0; 16],
-            m: [0; 8],
+            m: [0; 16],
             q: [0; 256],
             sub_len: 32,
             bias: 0,
         };
+        if t == GgmlType::Q2_K {
+            // scales (16: a 4-bit scale low, a 4-bit min high), qs (64), d, dmin. Each half's
+            // 32 bytes of qs hold 4 planes of bit pairs, each plane two sub-blocks of 16.
+            let (scales, qs) = (&block[..16], &block[16..80]);
+            (k.d, k.dmin) = ([block[80], block[81]], [block[82], block[83]]);
+            k.sub_len = 16;
+            for (s, &b) in scales.iter().enumerate() {
+                (k.sc[s], k.m[s]) = (b & 0x0f, b >> 4);
+                let (half, plane, part) = (s / 8, (s % 8) / 2, s % 2);
+                for l in 0..16 {
+                    k.q[s * 16 + l] = (qs[half * 32 + part * 16 + l] >> (2 * plane)) & 3;
+                }
+            }
+            return k;
+        }
         if t == GgmlType::Q3_K {
             // hmask (32), qs (64), scales (12), d. Each half's 32 bytes of qs hold 4 planes of
             // bit pairs; plane p of half h takes its high bit from bit 4h + p of hmask's bytes,
