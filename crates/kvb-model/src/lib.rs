@@ -36,7 +36,8 @@
 //!   (`tests/incremental.rs`);
 //! - a sequence run in a ragged batch with others, its K/V anywhere in a pool, gives the same
 //!   logits as run alone, bit for bit on the CPU (`tests/batched.rs`);
-//! - a GGUF's K-quant matrices (Q4_K_M, Q5_K_M, Q6_K files) take within 5% of the file's bytes
+//! - a GGUF's K-quant matrices (Q2_K, Q3_K_M, Q4_K_M, Q5_K_M, Q6_K files) take within 5% of the
+//!   file's bytes
 //!   (`tests/llama_cpp_files.rs`);
 //! - weights kept packed compute the bits their f32 expansion computes (`tests/packed_weights.rs`,
 //!   and SmolLM2's GGUF against its converted folder in `tests/golden_smollm2.rs`);

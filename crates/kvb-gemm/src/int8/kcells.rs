@@ -26,7 +26,7 @@ const ROWS_PER_PASS: usize = 64;
 /// `y [m, n] = a · w` for K-quant cells `w`, with `kernel`.
 pub(super) fn matmul(a: &QuantizedRows, w: &PackedMatrix, kernel: Kernel) -> Vec<f32> {
     assert!(
-        w.cell_values().is_k_quant(),
+        kcells::takes_8_bit_rows(w.cell_values()),
         "int8 K-quant products of {}",
         w.source()
     );

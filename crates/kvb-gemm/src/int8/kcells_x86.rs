@@ -3,7 +3,7 @@
 //! ([`decode_group`]; bench/results/2026-11-28-avx2-k-quant-kernels).
 //!
 //! A cell stores row pairs as the nibbles of one byte per lane, 8 lanes side by side
-//! ([`crate::packed::kcells`]). Two unpacks (bytes, then 16-bit pairs) turn 32 such bytes,
+//! ([`crate::packed::kcells`]; Q3_K's values are first joined in bytes, [`run_bytes`]). Two unpacks (bytes, then 16-bit pairs) turn 32 such bytes,
 //! 8 rows of 8 lanes, into 4 consecutive rows per 32-bit lane, and two 128-bit permutes put
 //! rows 0-3 of the 8 lanes in one register and rows 4-7 in another. Each takes one broadcast
 //! of the row's 4 activation bytes, and one byte dot product adds 4 rows per lane:
@@ -62,7 +62,7 @@ pub(super) unsafe fn tile(
             && a.k == w.k()
             && g < w.n().div_ceil(GROUP)
             && out.len() >= rows * GROUP
-            && w.cell_values().is_k_quant()
+            && kcells::takes_8_bit_rows(w.cell_values())
     );
     let cells = w.group_cells(g).as_ptr();
     let values = w.cell_values();
@@ -221,7 +221,7 @@ const RUNS: usize = ROWS / 8;
 /// The CPU has AVX2; `g` is a group of `w`, whose cells are K-quant cells.
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn decode_group(w: &PackedMatrix, g: usize, runs: &mut Vec<[__m256i; 2]>) {
-    assert!(g < w.n().div_ceil(GROUP) && w.cell_values().is_k_quant());
+    assert!(g < w.n().div_ceil(GROUP) && kcells::takes_8_bit_rows(w.cell_values()));
     let cell_bytes = w.cell_values().cell_bytes(ROWS);
     let cells = w.group_cells(g).as_ptr();
     runs.clear();
@@ -258,7 +258,7 @@ pub(super) unsafe fn tile_decoded(
             && g < w.n().div_ceil(GROUP)
             && runs.len() == w.k() / 8
             && out.len() >= rows * GROUP
-            && w.cell_values().is_k_quant()
+            && kcells::takes_8_bit_rows(w.cell_values())
     );
     let (cells, runs) = (w.group_cells(g).as_ptr(), runs.as_ptr());
     by_shape!(rows, w.cell_values(), run_avx2_decoded(a, r0, cells, runs, out): 1 2 3 4)
@@ -325,7 +325,7 @@ pub(super) unsafe fn tile_pair(
             && a.k == w.k()
             && g + 1 < w.n().div_ceil(GROUP)
             && out.len() >= rows * 2 * GROUP
-            && w.cell_values().is_k_quant()
+            && kcells::takes_8_bit_rows(w.cell_values())
     );
     let cells = (w.group_cells(g).as_ptr(), w.group_cells(g + 1).as_ptr());
     by_shape!(rows, w.cell_values(), run_vnni_pair(a, r0, cells, out): 1 2 3 4 5 6 7 8)
@@ -346,8 +346,8 @@ unsafe fn run_vnni_pair<const R: usize, const K: u8>(
 ) {
     let values = of_kind(K);
     assert!(
-        values != CellValues::Q3K,
-        "Q3_K cells have no two-group tile"
+        kcells::has_16_lanes(values),
+        "{values:?} cells have no two-group tile"
     );
     let at = Layout::of(values);
     let q6 = values == CellValues::Q6K;

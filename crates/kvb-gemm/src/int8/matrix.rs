@@ -14,7 +14,7 @@
 //! per column would split them). Groups follow one another, so a product reads a range of
 //! columns as two streams, heads and values.
 //!
-//! K-quant cells (Q4_K, Q5_K, Q6_K) are not re-laid out: their products read the cells as
+//! K-quant cells (Q3_K, Q4_K, Q5_K, Q6_K) are not re-laid out: their products read the cells as
 //! loaded, at the file's bits ([`super::kcells`]), and the matrix shares them.
 
 use super::{BLOCK, LANES};
@@ -58,11 +58,10 @@ impl IntDotMatrix {
     /// Q2_K's, which have an offset per 16).
     pub fn takes(p: &PackedMatrix) -> bool {
         let values = p.cell_values();
-        // An offset per sub-block is multiplied by its rows' sum, which the rows keep per
-        // block of 32 (so not Q2_K's, per 16); offset-free sub-blocks of 16 take `sums16`.
-        let sub_rows = values.sub_rows(p.cell_rows());
-        let k_quant = values.is_k_quant() && (kcells::signed(values) || sub_rows == BLOCK);
-        k_quant || !values.is_k_quant() && values.is_integer() && sub_rows == BLOCK
+        if values.is_k_quant() {
+            return kcells::takes_8_bit_rows(values);
+        }
+        values.is_integer() && values.sub_rows(p.cell_rows()) == BLOCK
     }
 
     /// `p` re-laid out (K-quant cells: shared as they are), or `None` where

@@ -30,7 +30,7 @@ pub const ROWS: usize = 256;
 /// Byte offsets inside a cell of `values` (a K-quant cell type).
 #[derive(Clone, Copy)]
 pub(crate) struct Layout {
-    /// The `dmin` values (Q4_K, Q5_K).
+    /// The `dmin` values (Q2_K, Q4_K, Q5_K).
     pub dmin: usize,
     /// The sub-block scales, `[sub][lane]`.
     pub sc: usize,
@@ -121,6 +121,13 @@ pub(crate) const fn signed(values: CellValues) -> bool {
 /// the 8-lane ones (every CPU with AVX-512 has AVX2, FMA and F16C).
 pub(crate) const fn has_16_lanes(values: CellValues) -> bool {
     !matches!(values, CellValues::Q2K | CellValues::Q3K)
+}
+
+/// Whether the 8-bit products take cells of `values`: a sub-block's offset is multiplied by its
+/// rows' sum, which the 8-bit rows keep per 32 (and per 16 for offset-free sub-blocks), so not
+/// Q2_K's, an offset per 16.
+pub(crate) fn takes_8_bit_rows(values: CellValues) -> bool {
+    values.is_k_quant() && (signed(values) || Layout::of(values).sub_rows == 32)
 }
 
 /// What `values`' stored integers are less: 4 for Q3_K, 32 for Q6_K, else 0.

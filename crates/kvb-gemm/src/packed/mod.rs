@@ -13,7 +13,9 @@
 //! values: Q3_K beside Q6_K in one projection into Q6_K's, Q5_0 and IQ4_NL into 8-bit cells with the file's f16 scales, Q5_1
 //! with its f16 scales and offsets, and IQ4_XS into 8-bit cells with f32 scales
 //! (`tests::f32_scaled_cells_equal_the_gguf_expansion`,
-//! `tests::widened_32_weight_blocks_take_8_bit_cells`).
+//! `tests::widened_32_weight_blocks_take_8_bit_cells`). One projection of two K-quant types
+//! (given to [`PackedMatrix::from_blocks`] together) takes Q6_K's cells for Q3_K beside Q6_K,
+//! else 4- or 8-bit cells with f32 scales.
 //!
 //! **The same values as the f32 path.** Every stored weight is `q * scale + offset` with the
 //! product exact ([`kvb_modelfile::gguf::blocks`]), so dequantizing with a fused multiply-add or with a
@@ -263,7 +265,8 @@ impl CellValues {
         }
     }
 
-    /// Rows sharing one scale and offset: a K-quant's sub-block (32, or 16 for Q6_K), else
+    /// Rows sharing one scale and offset: a K-quant's sub-block (32, or 16 for Q2_K, Q3_K and
+    /// Q6_K), else
     /// the whole cell.
     pub fn sub_rows(self, cell_rows: usize) -> usize {
         if self.is_k_quant() {
@@ -739,7 +742,7 @@ impl PackedMatrix {
     /// Column `j`'s reduction rows `32 b..32 b + 32` as stored, for re-laying the weight out
     /// ([`crate::int8::IntDotMatrix`]): their scale and offset, and their integers in `q` (4-
     /// and 5-bit values unsigned, 8-bit values signed); `None` for 16-bit float cells and where
-    /// 32 rows do not share one scale (cells of 16 rows, Q6_K).
+    /// 32 rows do not share one scale (cells of 16 rows, Q2_K, Q3_K, Q6_K).
     pub(crate) fn stored_integers(&self, j: usize, b: usize, q: &mut [i16]) -> Option<(f32, f32)> {
         const RUN: usize = 32;
         if !self.values.is_integer() || self.values.sub_rows(self.cell_rows) != RUN {

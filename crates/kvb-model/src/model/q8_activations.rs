@@ -119,7 +119,7 @@ impl<B: ModelBackend> Model<B> {
         if !self.takes_q8_activations() {
             return Err(ModelError::unsupported(
                 "8-bit activations with weights that are not integers in blocks (Q4_0, Q4_1, \
-                 Q8_0, Q4_K, Q5_K, Q6_K); add --weights q8_0 to quantize float weights"
+                 Q8_0, Q3_K, Q4_K, Q5_K, Q6_K); add --weights q8_0 to quantize float weights"
                     .into(),
             ));
         }

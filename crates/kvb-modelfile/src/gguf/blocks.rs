@@ -172,15 +172,15 @@ pub fn decode(t: GgmlType, block: &[u8], out: &mut Vec<Coded>) {
 }
 
 /// A K-quant block (256 weights) read apart into what every weight is made of: the f16
-/// super-block scale `d` and min `dmin` as stored, a scale (and for Q4_K/Q5_K a min) per
-/// sub-block, and each weight's unsigned integer. Weight `r` is
+/// super-block scale `d` and min `dmin` as stored, a scale (and for Q2_K, Q4_K and Q5_K a min)
+/// per sub-block, and each weight's unsigned integer. Weight `r` is
 /// `(q[r] - bias) * (d * sc[s]) + -(dmin * m[s])` for its sub-block `s = r / sub_len`
-/// (Q6_K: `dmin` and `m` are zero and the offset is -0.0).
+/// (Q3_K and Q6_K: `dmin` and `m` are zero and the offset is -0.0).
 #[derive(Debug, Clone, PartialEq)]
 pub struct KBlock {
     /// `d`'s two bytes, as stored.
     pub d: [u8; 2],
-    /// `dmin`'s two bytes, as stored (zero for Q6_K).
+    /// `dmin`'s two bytes, as stored (zero for Q3_K and Q6_K).
     pub dmin: [u8; 2],
     /// Sub-block scales: 8 unsigned 6-bit ones (Q4_K, Q5_K), 16 unsigned 4-bit ones (Q2_K) or
     /// 16 signed bytes (Q3_K and Q6_K, as `u8`).
@@ -191,7 +191,7 @@ pub struct KBlock {
     pub q: [u8; 256],
     /// Weights per sub-block: 32, or 16 for Q2_K, Q3_K and Q6_K.
     pub sub_len: usize,
-    /// Subtracted from `q`: 32 for Q6_K, else 0.
+    /// Subtracted from `q`: 32 for Q3_K (read as Q6_K's values) and Q6_K, else 0.
     pub bias: u8,
 }
 
