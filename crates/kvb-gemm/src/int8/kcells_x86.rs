@@ -16,7 +16,7 @@
 use super::kcells::MAX_TILE_ROWS;
 use super::products::Kernel;
 use super::{QuantizedRows, BLOCK};
-use crate::packed::kcells::avx2::{bytes, run_bytes};
+use crate::packed::kcells::avx2::{bytes, run_bytes, sub_ints};
 use crate::packed::kcells::{self, of_kind, Layout, KIND_Q3K, KIND_Q4K, KIND_Q5K, KIND_Q6K, ROWS};
 use crate::packed::{CellValues, PackedMatrix, GROUP};
 use std::arch::x86_64::*;
@@ -144,14 +144,12 @@ macro_rules! body {
                 for line in s * lines_per_sub..(s + 1) * lines_per_sub {
                     _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line * 64) as *const i8);
                 }
-                let scale = _mm256_mul_ps(
-                    d,
-                    _mm256_cvtepi32_ps(bytes(cell.add(at.sc + s * GROUP), signed)),
-                );
+                let (sc, m) = sub_ints::<$K>(cell, s);
+                let scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
                 let offset = if signed {
                     sign
                 } else {
-                    let m = _mm256_cvtepi32_ps(bytes(cell.add(at.m + s * GROUP), false));
+                    let m = _mm256_cvtepi32_ps(m);
                     _mm256_xor_ps(_mm256_mul_ps(dmin, m), sign)
                 };
                 let mut sums = [[_mm256_setzero_si256(); 2]; $R];

@@ -15,9 +15,9 @@
 //! file's 6-bit ones less 32, signed bytes as Q6_K's. A Q2_K cell holds only bit pairs, and
 //! each sub-block's 4-bit scale and min in one byte per lane, as the file does (scale low).
 //!
-//! Bits per weight: Q2_K 2.625 (the file's), Q3_K 3.5625 (file 3.4375: a byte for each 6-bit scale), Q4_K 4.625 (file
-//! 4.5: bytes for the 6-bit scales and mins), Q5_K 5.625 (5.5), Q6_K 6.5625 (the file's). A
-//! weight's value is computed as the file defines it
+//! Bits per weight: Q2_K 2.625 (the file's), Q3_K 3.5625 (file 3.4375: a byte for each 6-bit
+//! scale), Q4_K 4.625 (file 4.5: bytes for the 6-bit scales and mins), Q5_K 5.625 (5.5), Q6_K
+//! 6.5625 (the file's). A weight's value is computed as the file defines it
 //! ([`kvb_modelfile::gguf::blocks::KBlock`]): `(q - bias) * (d * sc) + -(dmin * m)`, every product exact in
 //! f32, so the vector kernels, which form `d * sc` in a register, give the same f32.
 
