@@ -15,12 +15,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// [`packed_matrix`]'s formats worth timing, by name.
-const FORMATS: [(usize, &str); 11] = [
+const FORMATS: [(usize, &str); 12] = [
     (5, "Q4_K"),
     (6, "Q5_K"),
     (2, "Q6_K"),
     (12, "Q3_K"),
     (10, "Q2_K"),
+    (11, "IQ4_XS"),
     (13, "Q3_K beside Q6_K"),
     (7, "Q8_0"),
     (0, "requantized q8_0"),

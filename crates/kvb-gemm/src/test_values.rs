@@ -8,9 +8,9 @@ pub fn spread(i: usize, seed: u32, scale: f32) -> f32 {
 
 /// Formats [`packed_matrix`] builds: 0 Q8_0 (quantized from f32: f32 scales), 1 Q4_1, 2 Q6_K,
 /// 3 bf16, 4 f16, 5 Q4_K, 6 Q5_K, 7 Q8_0 and 8 Q4_0 blocks as a file holds them (f16 scales),
-/// 10 Q2_K and 12 Q3_K (their own cells), and the blocks kept in other types' cells: 9 Q5_1
-/// (8-bit cells, f16 scales and offsets), 11 IQ4_XS (8-bit cells, f32 scales) and 13 Q3_K
-/// columns beside Q6_K ones (one projection in Q6_K cells).
+/// 10 Q2_K, 11 IQ4_XS and 12 Q3_K (their own cells), and the blocks kept in other types'
+/// cells: 9 Q5_1 (8-bit cells, f16 scales and offsets) and 13 Q3_K columns beside Q6_K ones
+/// (one projection in Q6_K cells).
 pub const FORMATS: usize = 14;
 
 /// A packed `[k, n]` weight of one of [`FORMATS`] formats with deterministic values, and its

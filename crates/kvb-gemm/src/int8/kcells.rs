@@ -1,13 +1,15 @@
-//! 8-bit activation products over K-quant cells as loaded (Q3_K, Q4_K, Q5_K, Q6_K at the file's
-//! bits, [`crate::packed::kcells`]): no second copy of the weights, and the decode step streams
-//! what the file holds.
+//! 8-bit activation products over K-quant cells as loaded (Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS at
+//! the file's bits, [`crate::packed::kcells`]): no second copy of the weights, and the decode
+//! step streams what the file holds.
 //!
 //! The arithmetic, per output and in this order: starting from zero, for each sub-block `s` of
 //! each cell (32 rows; Q3_K and Q6_K 16), with `b` the activation block holding it,
 //! `y = fma(isum_s as f32, scale_s * dx_b, y)`, then for Q4_K and Q5_K
 //! `y = fma(offset_s, sx_b, y)`; `isum_s` is the exact integer dot product of the sub-block's
-//! values (Q3_K's and Q6_K's signed, `q - 4` and `q - 32`) with the row's 8-bit integers. For Q4_K and Q5_K these are
-//! the steps of the re-laid-out matrices' products ([`super::products`]), so the bits are theirs.
+//! values (Q3_K's and Q6_K's signed, `q - 4` and `q - 32`; IQ4_XS's its table's entries) with
+//! the row's 8-bit integers. For Q4_K and Q5_K these are the steps of the re-laid-out
+//! matrices' products ([`super::products`]), so the bits are theirs, and for IQ4_XS those of
+//! its 8-bit cells with f32 scales, which held it before (offset-free, a scale per 32).
 //! [`portable`] is the definition; the x86 kernels ([`super::kcells_x86`]) give its bits.
 
 use super::products::Kernel;

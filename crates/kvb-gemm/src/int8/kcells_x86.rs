@@ -17,7 +17,9 @@ use super::kcells::MAX_TILE_ROWS;
 use super::products::Kernel;
 use super::{QuantizedRows, BLOCK};
 use crate::packed::kcells::avx2::{bytes, run_bytes, sub_ints};
-use crate::packed::kcells::{self, of_kind, Layout, KIND_Q3K, KIND_Q4K, KIND_Q5K, KIND_Q6K, ROWS};
+use crate::packed::kcells::{
+    self, of_kind, Layout, KIND_IQ4XS, KIND_Q3K, KIND_Q4K, KIND_Q5K, KIND_Q6K, ROWS,
+};
 use crate::packed::{CellValues, PackedMatrix, GROUP};
 use std::arch::x86_64::*;
 
@@ -30,6 +32,7 @@ macro_rules! by_shape {
                 ($r, KIND_Q5K) => $f::<$r, KIND_Q5K> $args,
                 ($r, KIND_Q6K) => $f::<$r, KIND_Q6K> $args,
                 ($r, KIND_Q3K) => $f::<$r, KIND_Q3K> $args,
+                ($r, KIND_IQ4XS) => $f::<$r, KIND_IQ4XS> $args,
             )*
             _ => unreachable!("rows checked above"),
         }
@@ -99,33 +102,74 @@ unsafe fn run_of<const K: u8>(cell: *const u8, r8: usize) -> [__m256i; 2] {
 
 /// A run's two 4-row halves `w` by a row's activations `x` (4 bytes a lane each), added to
 /// the row's `sums[0]` with AVX2's `vpmaddubsw`: the halves' 16-bit pair sums are added before
-/// widening (each at most 63 x 128 x 2, so two stay within 16 bits).
+/// widening (each at most 63 x 128 x 2, so two stay within 16 bits). IQ4_XS's values (its
+/// table's entries, signed: [`avx2_run`]) are multiplied as `|w|` times `x` with `w`'s sign
+/// moved onto `x` (`vpsignb`), at most 127 x 127 x 2 a pair, and widened half by half.
 macro_rules! dot_avx2 {
-    ($sums:expr, $w:expr, $x:expr, $R:ident) => {{
-        let pairs = _mm256_add_epi16(
-            _mm256_maddubs_epi16($w[0], $x[0]),
-            _mm256_maddubs_epi16($w[1], $x[1]),
-        );
-        $sums[0] = _mm256_add_epi32($sums[0], _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+    ($sums:expr, $w:expr, $x:expr, $R:ident, $K:ident) => {{
+        let ones = _mm256_set1_epi16(1);
+        if $K == KIND_IQ4XS {
+            for half in 0..2 {
+                let (w, x) = ($w[half], $x[half]);
+                let pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
+                $sums[half] = _mm256_add_epi32($sums[half], _mm256_madd_epi16(pairs, ones));
+            }
+        } else {
+            let pairs = _mm256_add_epi16(
+                _mm256_maddubs_epi16($w[0], $x[0]),
+                _mm256_maddubs_epi16($w[1], $x[1]),
+            );
+            $sums[0] = _mm256_add_epi32($sums[0], _mm256_madd_epi16(pairs, ones));
+        }
     }};
+}
+
+/// [`run_of`] as AVX2's products take it: IQ4_XS's values back to signed (less their bias of
+/// 128: `vpmaddubsw`'s unsigned bytes could not take them plus 128 without saturating).
+///
+/// # Safety
+/// AVX2 is present; `cell` points at a whole cell of kind `K`.
+#[inline(always)]
+unsafe fn avx2_run<const K: u8>(cell: *const u8, r8: usize) -> [__m256i; 2] {
+    let run = run_of::<K>(cell, r8);
+    if K == KIND_IQ4XS {
+        let bias = _mm256_set1_epi8(i8::MIN);
+        return run.map(|w| _mm256_xor_si256(w, bias));
+    }
+    run
+}
+
+/// The bias AVX2's products take off a sub-block's sum ([`kcells::bias`], but none for the
+/// signed values of [`avx2_run`]).
+const fn avx2_bias(values: CellValues) -> i32 {
+    if matches!(values, CellValues::IQ4XS) {
+        0
+    } else {
+        kcells::bias(values) as i32
+    }
 }
 
 /// The same with VNNI's `vpdpbusd`: two chains for few rows (its latency), and with more the
 /// rows' chains overlap and one sum per row leaves registers for more rows.
 macro_rules! dot_vnni {
-    ($sums:expr, $w:expr, $x:expr, $R:ident) => {{
+    ($sums:expr, $w:expr, $x:expr, $R:ident, $K:ident) => {{
         $sums[0] = _mm256_dpbusd_epi32($sums[0], $w[0], $x[0]);
         let second = if $R < 4 { 1 } else { 0 };
         $sums[second] = _mm256_dpbusd_epi32($sums[second], $w[1], $x[1]);
     }};
 }
 
-/// The kernel's body, with `$dot` the byte dot product and `$run(cell, c, r8)` the rows of
-/// cell `c`'s run at `r8`.
+/// The kernel's body, with `$dot` the byte dot product, `$run(cell, c, r8)` the rows of cell
+/// `c`'s run at `r8` and `$bias` what the run's values are more than the cell's integers (taken
+/// off each sub-block's sum with the rows' sums: `kcells::bias` for the signed types).
 macro_rules! body {
-    ($dot:ident, $run:expr, $R:ident, $K:ident, $a:ident, $r0:ident, $cells:ident, $out:ident) => {{
+    (
+        $dot:ident, $run:expr, $bias:expr,
+        $R:ident, $K:ident, $a:ident, $r0:ident, $cells:ident, $out:ident
+    ) => {{
         let values = of_kind($K);
         let at = Layout::of(values);
+        let at_sub_rows = at.sub_rows;
         let signed = kcells::signed(values);
         let cell_bytes = values.cell_bytes(ROWS);
         let (k, blocks, halves) = ($a.k, $a.k / BLOCK, $a.k / (BLOCK / 2));
@@ -162,15 +206,20 @@ macro_rules! body {
                             _mm256_set1_epi32(at.read_unaligned()),
                             _mm256_set1_epi32(at.add(1).read_unaligned()),
                         ];
-                        $dot!(sums, w, x, $R);
+                        $dot!(sums, w, x, $R, $K);
                     }
                 }
                 let row0 = c * ROWS + s * at.sub_rows;
                 for (i, sums) in sums.iter().enumerate() {
                     let mut isum = _mm256_add_epi32(sums[0], sums[1]);
-                    if signed {
-                        let sum = *$a.sums16.get_unchecked(($r0 + i) * halves + row0 / 16);
-                        let bias = kcells::bias(values) as i32;
+                    let bias: i32 = $bias;
+                    if bias != 0 {
+                        // The sub-block's rows' sum: its 16-row sums (one, or two for 32).
+                        let at = ($r0 + i) * halves + row0 / 16;
+                        let mut sum = *$a.sums16.get_unchecked(at);
+                        if at_sub_rows == 32 {
+                            sum += *$a.sums16.get_unchecked(at + 1);
+                        }
                         isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(bias * sum));
                     }
                     let b = ($r0 + i) * blocks + row0 / BLOCK;
@@ -199,7 +248,8 @@ unsafe fn run_avx2<const R: usize, const K: u8>(
 ) {
     body!(
         dot_avx2,
-        |cell, _, r8| run_of::<K>(cell, r8),
+        |cell, _, r8| avx2_run::<K>(cell, r8),
+        avx2_bias(of_kind(K)),
         R,
         K,
         a,
@@ -212,7 +262,7 @@ unsafe fn run_avx2<const R: usize, const K: u8>(
 /// Runs of 8 rows per cell.
 const RUNS: usize = ROWS / 8;
 
-/// Every run of group `g`'s cells ([`run_of`]), in order, into `runs`: a pass of many rows
+/// Every run of group `g`'s cells ([`avx2_run`]), in order, into `runs`: a pass of many rows
 /// reads these in place of decoding each cell again for every tile of 4 rows.
 ///
 /// # Safety
@@ -228,7 +278,7 @@ pub(super) unsafe fn decode_group(w: &PackedMatrix, g: usize, runs: &mut Vec<[__
         ($k:expr) => {
             for c in 0..w.k() / ROWS {
                 let cell = cells.add(c * cell_bytes);
-                runs.extend((0..RUNS).map(|run| run_of::<$k>(cell, run * 8)));
+                runs.extend((0..RUNS).map(|run| avx2_run::<$k>(cell, run * 8)));
             }
         };
     }
@@ -273,6 +323,7 @@ unsafe fn run_avx2_decoded<const R: usize, const K: u8>(
     body!(
         dot_avx2,
         |_, c, r8| *runs.add(c * RUNS + r8 / 8),
+        avx2_bias(of_kind(K)),
         R,
         K,
         a,
@@ -292,6 +343,7 @@ unsafe fn run_vnni<const R: usize, const K: u8>(
     body!(
         dot_vnni,
         |cell, _, r8| run_of::<K>(cell, r8),
+        kcells::bias(of_kind(K)) as i32,
         R,
         K,
         a,

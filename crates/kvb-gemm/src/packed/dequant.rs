@@ -21,9 +21,12 @@ pub(super) fn value(values: CellValues, cell: &[u8], r: usize, lane: usize) -> f
         CellValues::Bytes(s) => (v[r * GROUP + lane] as i8 as f32, s),
         CellValues::Bf16 => return half::bf16::from_le_bytes(half()).to_f32(),
         CellValues::F16 => return half::f16::from_le_bytes(half()).to_f32(),
-        CellValues::Q2K | CellValues::Q3K | CellValues::Q4K | CellValues::Q5K | CellValues::Q6K => {
-            unreachable!("read above")
-        }
+        CellValues::Q2K
+        | CellValues::Q3K
+        | CellValues::Q4K
+        | CellValues::Q5K
+        | CellValues::Q6K
+        | CellValues::IQ4XS => unreachable!("read above"),
     };
     let (scale, offset) = scales.read(cell, lane);
     q * scale + offset

@@ -1,5 +1,5 @@
 //! K-quant cells: a GGUF's Q2_K, Q3_K, Q4_K, Q5_K and Q6_K blocks kept at the file's bits per
-//! weight.
+//! weight, and IQ4_XS blocks (256 weights too) laid out as theirs.
 //!
 //! A cell is one K-quant block's 256 reduction rows for the 8 columns of a group, holding what
 //! the 8 blocks hold, re-laid so that one 8-byte load feeds one 8-lane vector:
@@ -14,15 +14,18 @@
 //! pairs, then its third bits, 8 rows per byte as Q5_K's fifth; its sub-block scales are the
 //! file's 6-bit ones less 32, signed bytes as Q6_K's. A Q2_K cell holds only bit pairs, and
 //! each sub-block's 4-bit scale and min in one byte per lane, as the file does (scale low).
+//! An IQ4_XS cell holds Q4_K's nibbles, each an index into IQ4's table of 16 signed values,
+//! and its sub-block scales (6 bits less 32) as signed bytes; it has no `dmin` or mins.
 //!
 //! Bits per weight: Q2_K 2.625 (the file's), Q3_K 3.5625 (file 3.4375: a byte for each 6-bit
 //! scale), Q4_K 4.625 (file 4.5: bytes for the 6-bit scales and mins), Q5_K 5.625 (5.5), Q6_K
-//! 6.5625 (the file's). A weight's value is computed as the file defines it
-//! ([`kvb_modelfile::gguf::blocks::KBlock`]): `(q - bias) * (d * sc) + -(dmin * m)`, every product exact in
-//! f32, so the vector kernels, which form `d * sc` in a register, give the same f32.
+//! 6.5625 (the file's), IQ4_XS 4.3125 (4.25: a byte for each 6-bit scale). A weight's value is
+//! computed as the file defines it ([`kvb_modelfile::gguf::blocks::KBlock`]):
+//! `(q - bias) * (d * sc) + -(dmin * m)`, every product exact in f32, so the vector kernels,
+//! which form `d * sc` in a register, give the same f32.
 
 use super::{CellValues, GROUP};
-use kvb_modelfile::gguf::blocks::KBlock;
+use kvb_modelfile::gguf::blocks::{KBlock, IQ4_VALUES};
 
 /// Rows of a K-quant cell (one block).
 pub const ROWS: usize = 256;
@@ -30,7 +33,7 @@ pub const ROWS: usize = 256;
 /// Byte offsets inside a cell of `values` (a K-quant cell type).
 #[derive(Clone, Copy)]
 pub(crate) struct Layout {
-    /// The `dmin` values (Q2_K, Q4_K, Q5_K).
+    /// The `dmin` values (Q2_K, Q4_K, Q5_K; 0 for the signed types, which have none).
     pub dmin: usize,
     /// The sub-block scales, `[sub][lane]`.
     pub sc: usize,
@@ -71,6 +74,14 @@ impl Layout {
                 high: 144 + ROWS * GROUP / 4,
                 sub_rows: 16,
             },
+            CellValues::IQ4XS => Layout {
+                dmin: 0,
+                sc: 16,
+                m: 0,
+                nibbles: 80,
+                high: 80 + ROWS * GROUP / 2,
+                sub_rows: 32,
+            },
             _ => Layout {
                 dmin: 16,
                 sc: 32,
@@ -89,6 +100,7 @@ pub(crate) const KIND_Q5K: u8 = 1;
 pub(crate) const KIND_Q6K: u8 = 2;
 pub(crate) const KIND_Q3K: u8 = 3;
 pub(crate) const KIND_Q2K: u8 = 4;
+pub(crate) const KIND_IQ4XS: u8 = 5;
 
 /// `values` as a kind constant (K-quant cell types only).
 pub(crate) const fn kind(values: CellValues) -> u8 {
@@ -97,6 +109,7 @@ pub(crate) const fn kind(values: CellValues) -> u8 {
         CellValues::Q6K => KIND_Q6K,
         CellValues::Q3K => KIND_Q3K,
         CellValues::Q2K => KIND_Q2K,
+        CellValues::IQ4XS => KIND_IQ4XS,
         _ => KIND_Q4K,
     }
 }
@@ -107,20 +120,27 @@ pub(crate) const fn of_kind(kind: u8) -> CellValues {
         KIND_Q6K => CellValues::Q6K,
         KIND_Q3K => CellValues::Q3K,
         KIND_Q2K => CellValues::Q2K,
+        KIND_IQ4XS => CellValues::IQ4XS,
         _ => CellValues::Q4K,
     }
 }
 
 /// Whether `values`' integers are signed (stored less a bias) with no per-sub-block offset:
-/// Q3_K and Q6_K, whose scales are signed bytes too.
+/// Q3_K, Q6_K and IQ4_XS, whose scales are signed bytes too.
 pub(crate) const fn signed(values: CellValues) -> bool {
-    matches!(values, CellValues::Q3K | CellValues::Q6K)
+    matches!(
+        values,
+        CellValues::Q3K | CellValues::Q6K | CellValues::IQ4XS
+    )
 }
 
-/// Whether the 16-lane (AVX-512) kernels take cells of `values`: Q2_K's and Q3_K's have only
-/// the 8-lane ones (every CPU with AVX-512 has AVX2, FMA and F16C).
+/// Whether the 16-lane (AVX-512) kernels take cells of `values`: Q2_K's, Q3_K's and IQ4_XS's
+/// have only the 8-lane ones (every CPU with AVX-512 has AVX2, FMA and F16C).
 pub(crate) const fn has_16_lanes(values: CellValues) -> bool {
-    !matches!(values, CellValues::Q2K | CellValues::Q3K)
+    !matches!(
+        values,
+        CellValues::Q2K | CellValues::Q3K | CellValues::IQ4XS
+    )
 }
 
 /// Whether the 8-bit products take cells of `values`: a sub-block's offset is multiplied by its
@@ -130,14 +150,38 @@ pub(crate) fn takes_8_bit_rows(values: CellValues) -> bool {
     values.is_k_quant() && (signed(values) || Layout::of(values).sub_rows == 32)
 }
 
-/// What `values`' stored integers are less: 4 for Q3_K, 32 for Q6_K, else 0.
-pub(crate) const fn bias(values: CellValues) -> i8 {
+/// What `values`' stored integers are less: 4 for Q3_K, 32 for Q6_K, 128 for IQ4_XS (whose
+/// values [`avx2::run_bytes`] gives as its table's entries plus 128), else 0.
+pub(crate) const fn bias(values: CellValues) -> u8 {
     match values {
         CellValues::Q3K => 4,
         CellValues::Q6K => 32,
+        CellValues::IQ4XS => 128,
         _ => 0,
     }
 }
+
+/// IQ4's table entries plus 128, as unsigned bytes (what an IQ4_XS cell's nibbles index).
+pub(crate) const IQ4_STORED: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (IQ4_VALUES[i] as i16 + 128) as u8;
+        i += 1;
+    }
+    t
+};
+
+/// The nibble of each stored IQ4_XS integer ([`KBlock`]'s entry plus 128; 0 where no entry is).
+const IQ4_INDEX: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut i = 0;
+    while i < 16 {
+        t[IQ4_STORED[i] as usize] = i as u8;
+        i += 1;
+    }
+    t
+};
 
 /// Calls `$run!(KIND)` with `$values`' kind as a constant (a K-quant cell type).
 macro_rules! by_kind {
@@ -147,6 +191,7 @@ macro_rules! by_kind {
             $crate::packed::kcells::KIND_Q6K => $run!({ $crate::packed::kcells::KIND_Q6K }),
             $crate::packed::kcells::KIND_Q3K => $run!({ $crate::packed::kcells::KIND_Q3K }),
             $crate::packed::kcells::KIND_Q2K => $run!({ $crate::packed::kcells::KIND_Q2K }),
+            $crate::packed::kcells::KIND_IQ4XS => $run!({ $crate::packed::kcells::KIND_IQ4XS }),
             _ => $run!({ $crate::packed::kcells::KIND_Q4K }),
         }
     };
@@ -199,10 +244,17 @@ pub(crate) fn put(values: CellValues, cell: &mut [u8], blocks: &[KBlock]) {
         put_plane(cell, at.high, blocks, 1, |q| q.wrapping_sub(28) >> 2);
         return;
     }
+    let nibble = |q: u8| {
+        if values == CellValues::IQ4XS {
+            IQ4_INDEX[q as usize]
+        } else {
+            q & 0x0f
+        }
+    };
     for p in 0..ROWS / 2 {
         let bytes = &mut cell[at.nibbles + p * GROUP..][..blocks.len()];
         for (byte, block) in bytes.iter_mut().zip(blocks) {
-            *byte = (block.q[2 * p] & 0x0f) | (block.q[2 * p + 1] & 0x0f) << 4;
+            *byte = nibble(block.q[2 * p]) | nibble(block.q[2 * p + 1]) << 4;
         }
     }
     match values {
@@ -245,6 +297,7 @@ pub(crate) fn parts(values: CellValues, cell: &[u8], r: usize, lane: usize) -> (
     if signed(values) {
         let q = match values {
             CellValues::Q3K => plane(at.nibbles, 2) | plane(at.high, 1) << 2,
+            CellValues::IQ4XS => IQ4_STORED[plane(at.nibbles, 4) as usize],
             _ => plane(at.nibbles, 4) | plane(at.high, 2) << 4,
         };
         return (q as i32 - bias(values) as i32, d * sc as i8 as f32, -0.0);
@@ -348,8 +401,9 @@ pub(crate) mod avx2 {
     /// Rows `r8..r8 + 8` (`r8` a multiple of 8) of a cell of kind `K`, their values joined in
     /// bytes 32 at a time: rows `r8`, `r8 + 2`, `r8 + 4`, `r8 + 6` in the 64-bit quarters of the
     /// first register, the odd rows in the second, each quarter the 8 lanes' values as stored
-    /// (Q3_K's and Q6_K's unsigned, before their [`bias`]). Q5_K's fifth bits and Q6_K's top
-    /// pairs shift into place by a variable shift per quarter.
+    /// (Q3_K's and Q6_K's unsigned, before their [`bias`]; IQ4_XS's nibbles looked up in
+    /// [`IQ4_STORED`]). Q5_K's fifth bits and Q6_K's top pairs shift into place by a variable
+    /// shift per quarter.
     ///
     /// # Safety
     /// AVX2 is present; `cell` points at a whole cell of kind `K`.
@@ -380,6 +434,14 @@ pub(crate) mod avx2 {
                 let h = _mm256_permute4x64_epi64::<0b01_01_00_00>(_mm256_castsi128_si256(pair));
                 let even = _mm256_srlv_epi64(h, _mm256_setr_epi64x(0, 4, 0, 4));
                 (even, _mm256_srli_epi64::<2>(even), 0x30)
+            }
+            CellValues::IQ4XS => {
+                let table = _mm_loadu_si128(IQ4_STORED.as_ptr() as *const __m128i);
+                let table = _mm256_broadcastsi128_si256(table);
+                return [
+                    _mm256_shuffle_epi8(table, lo),
+                    _mm256_shuffle_epi8(table, hi),
+                ];
             }
             _ => return [lo, hi],
         };
@@ -417,7 +479,8 @@ pub(crate) mod avx2 {
     }
 
     /// Sub-block `s`'s scales and mins of the cell of kind `K` at `cell`, 8 lanes of i32: the
-    /// scales signed for Q3_K and Q6_K (whose mins are zero), Q2_K's two nibbles of one byte.
+    /// scales signed for Q3_K, Q6_K and IQ4_XS (whose mins are zero), Q2_K's two nibbles of one
+    /// byte.
     ///
     /// # Safety
     /// AVX2 is present; `cell` points at a whole cell of kind `K`.
@@ -488,7 +551,7 @@ pub(crate) mod avx2 {
                     for (i, q) in quarters.iter_mut().enumerate() {
                         for (half, v) in run_bytes::<K>(cells[i], r0).into_iter().enumerate() {
                             let v = if signed {
-                                _mm256_sub_epi8(v, _mm256_set1_epi8(bias(values)))
+                                _mm256_sub_epi8(v, _mm256_set1_epi8(bias(values) as i8))
                             } else {
                                 v
                             };

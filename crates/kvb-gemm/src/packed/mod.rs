@@ -3,17 +3,16 @@
 //!
 //! A decode step or a warm request multiplies a few rows by every weight of the model, so its
 //! cost is the bytes of weights streamed: f32 weights stream 32 bits per weight, a GGUF's Q4_K
-//! 4.5. [`PackedMatrix`] keeps a GGUF's K-quant blocks (Q2_K to Q6_K) at the file's bits per
-//! weight (within 4%: [`kcells`]), its Q4_0, Q4_1 and Q8_0 blocks at the file's bits too (4.5, 5
+//! 4.5. [`PackedMatrix`] keeps a GGUF's K-quant blocks (Q2_K to Q6_K) and IQ4_XS blocks at the
+//! file's bits per weight (within 4%: [`kcells`]), its Q4_0, Q4_1 and Q8_0 blocks at the file's bits too (4.5, 5
 //! and 8.5: their f16 scales kept, [`Scales`]; a fused projection mixing such formats widens
 //! its scales to f32), f16 and
 //! bf16 tensors (a GGUF's or a safetensors folder's) at 16 bits, and can round f32 weights to 8
 //! bits ([`PackedMatrix::quantize_q8_0`]) or to bf16 ([`PackedMatrix::round_to_bf16`]).
 //! Block types with no cells of their own are widened, exactly, into cells that hold their
-//! values: Q3_K beside Q6_K in one projection into Q6_K's, Q5_0 and IQ4_NL into 8-bit cells with the file's f16 scales, Q5_1
-//! with its f16 scales and offsets, and IQ4_XS into 8-bit cells with f32 scales
-//! (`tests::f32_scaled_cells_equal_the_gguf_expansion`,
-//! `tests::widened_32_weight_blocks_take_8_bit_cells`). One projection of two K-quant types
+//! values: Q3_K beside Q6_K in one projection into Q6_K's, Q5_0 and IQ4_NL into 8-bit cells
+//! with the file's f16 scales, Q5_1 with its f16 scales and offsets
+//! (`tests::widened_32_weight_blocks_take_8_bit_cells`). One projection of two K-quant types
 //! (given to [`PackedMatrix::from_blocks`] together) takes Q6_K's cells for Q3_K beside Q6_K,
 //! else 4- or 8-bit cells with f32 scales.
 //!
@@ -186,6 +185,9 @@ pub enum CellValues {
     /// Q2_K blocks: 256-row cells of bit pairs, a 4-bit scale and min per 16 rows
     /// ([`kcells`]).
     Q2K,
+    /// IQ4_XS blocks: 256-row cells of nibbles indexing IQ4's table, a signed scale per 32 rows
+    /// ([`kcells`]).
+    IQ4XS,
 }
 
 impl CellValues {
@@ -206,6 +208,7 @@ impl CellValues {
             GgmlType::Q4_K => Some(CellValues::Q4K),
             GgmlType::Q5_K => Some(CellValues::Q5K),
             GgmlType::Q6_K => Some(CellValues::Q6K),
+            GgmlType::IQ4_XS => Some(CellValues::IQ4XS),
             _ => None,
         }
     }
@@ -225,11 +228,17 @@ impl CellValues {
         })
     }
 
-    /// Whether cells of this type are K-quant blocks of [`kcells::ROWS`] rows.
+    /// Whether cells of this type are blocks of [`kcells::ROWS`] rows: a K-quant's, or
+    /// IQ4_XS's (laid out as theirs).
     pub fn is_k_quant(self) -> bool {
         matches!(
             self,
-            CellValues::Q2K | CellValues::Q3K | CellValues::Q4K | CellValues::Q5K | CellValues::Q6K
+            CellValues::Q2K
+                | CellValues::Q3K
+                | CellValues::Q4K
+                | CellValues::Q5K
+                | CellValues::Q6K
+                | CellValues::IQ4XS
         )
     }
 
@@ -247,7 +256,8 @@ impl CellValues {
             | CellValues::Q3K
             | CellValues::Q4K
             | CellValues::Q5K
-            | CellValues::Q6K => kcells::head_bytes(self),
+            | CellValues::Q6K
+            | CellValues::IQ4XS => kcells::head_bytes(self),
         }
     }
 
@@ -261,7 +271,8 @@ impl CellValues {
             | CellValues::Q3K
             | CellValues::Q4K
             | CellValues::Q5K
-            | CellValues::Q6K => kcells::value_bytes(self),
+            | CellValues::Q6K
+            | CellValues::IQ4XS => kcells::value_bytes(self),
         }
     }
 

@@ -62,7 +62,8 @@ unsafe fn run_groups<const R: usize, const G: usize>(a: &Set) {
             | CellValues::Q3K
             | CellValues::Q4K
             | CellValues::Q5K
-            | CellValues::Q6K => {
+            | CellValues::Q6K
+            | CellValues::IQ4XS => {
                 let ahead = head.map(|p| prefetch_target(p, c, cells, cell_bytes, G));
                 macro_rules! run {
                     ($k:expr) => {

@@ -99,7 +99,7 @@ unsafe fn high_bit_cells<const G: usize, const K: u8>(
     let signed = kcells::signed(values);
     let at = Layout::of(values);
     let subs = ROWS / at.sub_rows;
-    let bias = _mm256_set1_epi8(kcells::bias(values));
+    let bias = _mm256_set1_epi8(kcells::bias(values) as i8);
     let sign = _mm256_set1_ps(-0.0);
     let mut scale = [_mm256_setzero_ps(); G];
     let mut offset = [sign; G];

@@ -33,8 +33,8 @@ fn f16_at(b: &[u8], at: usize) -> f32 {
     half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
 }
 
-/// IQ4_NL's and IQ4_XS's 16 values (`kvalues_iq4nl` in ggml).
-const IQ4_VALUES: [i8; 16] = [
+/// IQ4_NL's and IQ4_XS's 16 values (`kvalues_iq4nl` in ggml), indexed by a weight's nibble.
+pub const IQ4_VALUES: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
 
@@ -121,28 +121,6 @@ pub fn decode(t: GgmlType, block: &[u8], out: &mut Vec<Coded>) {
                 }
             }
         }
-        // 8 sub-blocks of 32, each IQ4_NL's layout under the scale d (ls - 32), its 6-bit ls
-        // split into 4 low bits (`scales_l`) and 2 high ones (`scales_h`). The scale is exact
-        // in f32 (11 bits times 6), not in f16.
-        GgmlType::IQ4_XS => {
-            let d = f16_at(block, 0);
-            let high = u16::from_le_bytes([block[2], block[3]]);
-            for s in 0..8 {
-                let low = (block[4 + s / 2] >> (4 * (s % 2))) & 0x0f;
-                let ls = low as i32 | (((high >> (2 * s)) & 3) as i32) << 4;
-                let scale = d * (ls - 32) as f32;
-                let qs = &block[8 + 16 * s..8 + 16 * s + 16];
-                for shift in [0, 4] {
-                    for &b in qs {
-                        push(
-                            scale,
-                            -0.0,
-                            IQ4_VALUES[((b >> shift) & 0x0f) as usize] as i32,
-                        );
-                    }
-                }
-            }
-        }
         // 2-bit values: each run of 32 bytes holds 4 planes (bit pairs 0-1, 2-3, ...) of 32
         // weights, two sub-blocks of 16 each, with a 4-bit scale (low) and min (high) per
         // sub-block: d sc q - dmin m.
@@ -159,8 +137,9 @@ pub fn decode(t: GgmlType, block: &[u8], out: &mut Vec<Coded>) {
                 }
             }
         }
-        // K-quants: the block read apart once ([`KBlock`]), each weight from its sub-block.
-        GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+        // K-quants and IQ4_XS: the block read apart once ([`KBlock`]), each weight from its
+        // sub-block.
+        GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_XS => {
             let k = KBlock::read(t, block);
             for (r, &q) in k.q.iter().enumerate() {
                 let (scale, offset) = k.sub_scale(r / k.sub_len);
@@ -171,34 +150,36 @@ pub fn decode(t: GgmlType, block: &[u8], out: &mut Vec<Coded>) {
     }
 }
 
-/// A K-quant block (256 weights) read apart into what every weight is made of: the f16
-/// super-block scale `d` and min `dmin` as stored, a scale (and for Q2_K, Q4_K and Q5_K a min)
-/// per sub-block, and each weight's unsigned integer. Weight `r` is
+/// A K-quant block (256 weights), or an IQ4_XS one, read apart into what every weight is made
+/// of: the f16 super-block scale `d` and min `dmin` as stored, a scale (and for Q2_K, Q4_K and
+/// Q5_K a min) per sub-block, and each weight's unsigned integer. Weight `r` is
 /// `(q[r] - bias) * (d * sc[s]) + -(dmin * m[s])` for its sub-block `s = r / sub_len`
-/// (Q3_K and Q6_K: `dmin` and `m` are zero and the offset is -0.0).
+/// (Q3_K, Q6_K and IQ4_XS: `dmin` and `m` are zero and the offset is -0.0).
 #[derive(Debug, Clone, PartialEq)]
 pub struct KBlock {
     /// `d`'s two bytes, as stored.
     pub d: [u8; 2],
     /// `dmin`'s two bytes, as stored (zero for Q3_K and Q6_K).
     pub dmin: [u8; 2],
-    /// Sub-block scales: 8 unsigned 6-bit ones (Q4_K, Q5_K), 16 unsigned 4-bit ones (Q2_K) or
-    /// 16 signed bytes (Q3_K and Q6_K, as `u8`).
+    /// Sub-block scales: 8 unsigned 6-bit ones (Q4_K, Q5_K), 16 unsigned 4-bit ones (Q2_K),
+    /// 16 signed bytes (Q3_K and Q6_K, as `u8`) or 8 (IQ4_XS: its 6-bit ones less 32).
     pub sc: [u8; 16],
     /// Sub-block mins: 8 of 6 bits (Q4_K, Q5_K) or 16 of 4 bits (Q2_K).
     pub m: [u8; 16],
-    /// Each weight's stored integer, unsigned (2 to 6 bits).
+    /// Each weight's stored integer, unsigned (2 to 6 bits; IQ4_XS: its table entry plus 128).
     pub q: [u8; 256],
     /// Weights per sub-block: 32, or 16 for Q2_K, Q3_K and Q6_K.
     pub sub_len: usize,
-    /// Subtracted from `q`: 32 for Q3_K (read as Q6_K's values) and Q6_K, else 0.
+    /// Subtracted from `q`: 32 for Q3_K (read as Q6_K's values) and Q6_K, 128 for IQ4_XS,
+    /// else 0.
     pub bias: u8,
 }
 
 impl KBlock {
-    /// Reads one block of `t` (Q2_K, Q3_K, Q4_K, Q5_K or Q6_K). A Q3_K block is read as the Q6_K
-    /// block of the same values: its 6-bit scales less 32 are Q6_K's int8 scales and its 3-bit
-    /// values plus 32 are 6-bit values within Q6_K's bias (same sub-blocks of 16, same `d`).
+    /// Reads one block of `t` (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or IQ4_XS). A Q3_K block is read as
+    /// the Q6_K block of the same values: its 6-bit scales less 32 are Q6_K's int8 scales and
+    /// its 3-bit values plus 32 are 6-bit values within Q6_K's bias (same sub-blocks of 16, same
+    /// `d`). An IQ4_XS block's values are its table entries plus 128.
     ///
     /// # Panics
     /// If `block` is shorter than one block of `t`: callers check a tensor's size against its
@@ -245,6 +226,27 @@ impl KBlock {
                         let high = (hmask[l] >> (4 * half + plane)) & 1;
                         // q3 = low - 4 (high clear) or low; stored as q3 + 32.
                         k.q[half * 128 + plane * 32 + l] = 28 + low + 4 * high;
+                    }
+                }
+            }
+            return k;
+        }
+        if t == GgmlType::IQ4_XS {
+            // d, scales_h (2: bit pair s of scale s's high bits), scales_l (4: nibble s), then
+            // 8 sub-blocks of 32 laid out as IQ4_NL's (16 bytes: low nibbles are weights 0..16,
+            // high ones 16..32), each an index into IQ4's table.
+            k.d = [block[0], block[1]];
+            (k.sub_len, k.bias) = (32, 128);
+            let high = u16::from_le_bytes([block[2], block[3]]);
+            for s in 0..8 {
+                let low = (block[4 + s / 2] >> (4 * (s % 2))) & 0x0f;
+                let ls = low | (((high >> (2 * s)) & 3) as u8) << 4;
+                k.sc[s] = (ls as i8 - 32) as u8;
+                let qs = &block[8 + 16 * s..8 + 16 * s + 16];
+                for (half, shift) in [0, 4].into_iter().enumerate() {
+                    for (l, &b) in qs.iter().enumerate() {
+                        let value = IQ4_VALUES[((b >> shift) & 0x0f) as usize];
+                        k.q[s * 32 + half * 16 + l] = (value as i32 + 128) as u8;
                     }
                 }
             }
