@@ -169,7 +169,6 @@ macro_rules! body {
     ) => {{
         let values = of_kind($K);
         let at = Layout::of(values);
-        let at_sub_rows = at.sub_rows;
         let signed = kcells::signed(values);
         let cell_bytes = values.cell_bytes(ROWS);
         let (k, blocks, halves) = ($a.k, $a.k / BLOCK, $a.k / (BLOCK / 2));
@@ -215,10 +214,10 @@ macro_rules! body {
                     let bias: i32 = $bias;
                     if bias != 0 {
                         // The sub-block's rows' sum: its 16-row sums (one, or two for 32).
-                        let at = ($r0 + i) * halves + row0 / 16;
-                        let mut sum = *$a.sums16.get_unchecked(at);
-                        if at_sub_rows == 32 {
-                            sum += *$a.sums16.get_unchecked(at + 1);
+                        let h = ($r0 + i) * halves + row0 / 16;
+                        let mut sum = *$a.sums16.get_unchecked(h);
+                        if at.sub_rows == 32 {
+                            sum += *$a.sums16.get_unchecked(h + 1);
                         }
                         isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(bias * sum));
                     }
@@ -400,7 +399,11 @@ unsafe fn run_vnni_pair<const R: usize, const K: u8>(
         "{values:?} cells have no two-group tile"
     );
     let at = Layout::of(values);
-    let q6 = values == CellValues::Q6K;
+    let signed = kcells::signed(values);
+    // IQ4_XS's nibbles index its table's entries plus 128 (the bytes `run_of` gives).
+    let iq4 = _mm512_broadcast_i32x4(_mm_loadu_si128(
+        kcells::IQ4_STORED.as_ptr() as *const __m128i
+    ));
     let cell_bytes = values.cell_bytes(ROWS);
     let (k, blocks, halves) = (a.k, a.k / BLOCK, a.k / (BLOCK / 2));
     let low = _mm512_set1_epi8(0x0f);
@@ -437,8 +440,8 @@ unsafe fn run_vnni_pair<const R: usize, const K: u8>(
             let both = |p: usize, signed: bool| {
                 _mm512_cvtepi32_ps(join(bytes(ca.add(p), signed), bytes(cb.add(p), signed)))
             };
-            let scale = _mm512_mul_ps(d, both(at.sc + s * GROUP, q6));
-            let offset = if q6 {
+            let scale = _mm512_mul_ps(d, both(at.sc + s * GROUP, signed));
+            let offset = if signed {
                 _mm512_castsi512_ps(sign)
             } else {
                 let m = _mm512_mul_ps(dmin, both(at.m + s * GROUP, false));
@@ -482,6 +485,10 @@ unsafe fn run_vnni_pair<const R: usize, const K: u8>(
                         lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16::<4>(hl), top));
                         hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_slli_epi16::<4>(hh), top));
                     }
+                    CellValues::IQ4XS => {
+                        lo = _mm512_shuffle_epi8(iq4, lo);
+                        hi = _mm512_shuffle_epi8(iq4, hi);
+                    }
                     _ => {}
                 }
                 // As in the 8-lane kernel, per 128-bit lane; then each half's rows 0-3 and 4-7.
@@ -504,14 +511,20 @@ unsafe fn run_vnni_pair<const R: usize, const K: u8>(
             let row0 = c * ROWS + s * at.sub_rows;
             for i in 0..R {
                 let mut isum = _mm512_add_epi32(sums[i], last[i]);
-                if q6 {
-                    let sum = *a.sums16.get_unchecked((r0 + i) * halves + row0 / 16);
-                    isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(32 * sum));
+                if signed {
+                    // The sub-block's rows' sum: its 16-row sums (one, or two for 32).
+                    let h = (r0 + i) * halves + row0 / 16;
+                    let mut sum = *a.sums16.get_unchecked(h);
+                    if at.sub_rows == 32 {
+                        sum += *a.sums16.get_unchecked(h + 1);
+                    }
+                    let bias = kcells::bias(values) as i32;
+                    isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(bias * sum));
                 }
                 let b = (r0 + i) * blocks + row0 / BLOCK;
                 let dx = _mm512_set1_ps(*a.scale.get_unchecked(b));
                 y[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(scale, dx), y[i]);
-                if !q6 {
+                if !signed {
                     let sx = _mm512_set1_ps(*a.scaled_sum.get_unchecked(b));
                     y[i] = _mm512_fmadd_ps(offset, sx, y[i]);
                 }

@@ -134,13 +134,11 @@ pub(crate) const fn signed(values: CellValues) -> bool {
     )
 }
 
-/// Whether the 16-lane (AVX-512) kernels take cells of `values`: Q2_K's, Q3_K's and IQ4_XS's
-/// have only the 8-lane ones (every CPU with AVX-512 has AVX2, FMA and F16C).
+/// Whether the 16-lane (AVX-512) kernels take cells of `values`: Q2_K's and Q3_K's have only
+/// the 8-lane ones (every CPU with AVX-512 has AVX2, FMA and F16C). IQ4_XS's take Q4_K's path
+/// with IQ4's table in place of the nibbles' values.
 pub(crate) const fn has_16_lanes(values: CellValues) -> bool {
-    !matches!(
-        values,
-        CellValues::Q2K | CellValues::Q3K | CellValues::IQ4XS
-    )
+    !matches!(values, CellValues::Q2K | CellValues::Q3K)
 }
 
 /// Whether the 8-bit products take cells of `values`: a sub-block's offset is multiplied by its
@@ -638,6 +636,14 @@ pub(crate) mod avx512 {
         )
     }
 
+    /// [`nibble_values`] for IQ4_XS: its table's 16 entries as f32.
+    #[inline(always)]
+    unsafe fn iq4_values() -> __m512 {
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+            IQ4_VALUES.as_ptr() as *const __m128i
+        )))
+    }
+
     /// [`super::avx2::each_row`] for `U` pairs of groups: `w[i]` holds row `r`'s 16 weights of
     /// pair `i` (the cell of `cells[i][0]` in the low 8 lanes); each lane computed as the 8-lane
     /// kernel does. With `BYTES`, Q5_K and Q6_K values are assembled by byte permutes
@@ -660,7 +666,9 @@ pub(crate) mod avx512 {
             "{values:?} cells take the 8-lane kernels"
         );
         let at = Layout::of(values);
-        let q6 = values == CellValues::Q6K;
+        let (q6, signed) = (values == CellValues::Q6K, signed(values));
+        // Q5_K's and Q6_K's high bits; Q4_K and IQ4_XS have only nibbles.
+        let high_bits = matches!(values, CellValues::Q5K | CellValues::Q6K);
         let mut d = [_mm512_setzero_ps(); U];
         let mut dmin = [_mm512_setzero_ps(); U];
         for i in 0..U {
@@ -668,8 +676,12 @@ pub(crate) mod avx512 {
             dmin[i] = halves(cells[i], at.dmin);
         }
         let sign = _mm512_castps_si512(_mm512_set1_ps(-0.0));
-        let nibble_values = nibble_values();
-        let by_bytes = BYTES && values != CellValues::Q4K;
+        let nibble_values = if values == CellValues::IQ4XS {
+            iq4_values()
+        } else {
+            nibble_values()
+        };
+        let by_bytes = BYTES && high_bits;
         let constants = if by_bytes {
             Some(kcells_bytes::Constants::of::<K>())
         } else {
@@ -683,13 +695,13 @@ pub(crate) mod avx512 {
                 prefetch_part(*cell, bytes_of_cell, s, subs);
             }
             for i in 0..U {
-                let sc = bytes(cells[i], at.sc + s * GROUP, q6);
+                let sc = bytes(cells[i], at.sc + s * GROUP, signed);
                 scale[i] = _mm512_mul_ps(d[i], _mm512_cvtepi32_ps(sc));
                 if by_bytes {
                     // Exact: a power of two (`kcells_bytes::row`'s values are times 2^24).
                     scale[i] = _mm512_mul_ps(scale[i], _mm512_set1_ps(kcells_bytes::UNSCALE));
                 }
-                if !q6 {
+                if !signed {
                     let m = _mm512_cvtepi32_ps(bytes(cells[i], at.m + s * GROUP, false));
                     let dm = _mm512_castps_si512(_mm512_mul_ps(dmin[i], m));
                     offset[i] = _mm512_castsi512_ps(_mm512_xor_si512(dm, sign));
@@ -715,7 +727,7 @@ pub(crate) mod avx512 {
                     }
                     continue;
                 }
-                if values != CellValues::Q4K {
+                if high_bits {
                     let mut high = [[_mm_setzero_si128(); 2]; U];
                     for (i, h) in high.iter_mut().enumerate() {
                         let [a, b] = cells[i];
@@ -759,7 +771,8 @@ pub(crate) mod avx512 {
                     let mut lo = [_mm512_setzero_si512(); U];
                     let mut hi = [_mm512_setzero_si512(); U];
                     for i in 0..U {
-                        // Looked up (`nibble_values`): the low nibble needs no mask.
+                        // Looked up (`nibble_values`, IQ4_XS's table): the low nibble needs no
+                        // mask.
                         lo[i] = bytes(cells[i], at.nibbles + r / 2 * GROUP, false);
                         hi[i] = _mm512_srli_epi32::<4>(lo[i]);
                     }

@@ -67,11 +67,11 @@ unsafe fn run_pairs<const R: usize, const P: usize, const BYTES: bool>(a: &Set) 
         }
         let xrow = |r: usize, i: usize| *a.x.add((c * rows + i) * R + r);
         match a.values {
-            CellValues::Q2K | CellValues::Q3K | CellValues::IQ4XS => {
-                unreachable!("Q2_K, Q3_K and IQ4_XS cells take the 8-lane kernel")
+            CellValues::Q2K | CellValues::Q3K => {
+                unreachable!("Q2_K and Q3_K cells take the 8-lane kernel")
             }
             // K-quant cells: every pair's row at once (P chains of multiply-adds per row).
-            CellValues::Q4K | CellValues::Q5K | CellValues::Q6K => {
+            CellValues::Q4K | CellValues::Q5K | CellValues::Q6K | CellValues::IQ4XS => {
                 let ahead =
                     head.map(|h| h.map(|p| prefetch_target(p, c, cells, cell_bytes, 2 * P)));
                 macro_rules! run {

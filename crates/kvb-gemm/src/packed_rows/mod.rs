@@ -281,7 +281,7 @@ mod tests {
     /// are separate code, which the proptest above reaches only by chance per type.
     #[test]
     fn every_row_count_over_k_quant_cells_gives_the_f32_bits() {
-        for format in [2, 5, 6, 10, 12, 13] {
+        for format in [2, 5, 6, 10, 11, 12, 13] {
             for n in [8, 24, 45] {
                 let (packed, k) = packed_matrix(format, 16, n, 3);
                 for m in 1..=16 {
