@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// [`packed_matrix`]'s formats worth timing, by name.
-const FORMATS: [(usize, &str); 12] = [
+const FORMATS: [(usize, &str); 13] = [
     (5, "Q4_K"),
     (6, "Q5_K"),
     (2, "Q6_K"),
@@ -26,6 +26,7 @@ const FORMATS: [(usize, &str); 12] = [
     (7, "Q8_0"),
     (0, "requantized q8_0"),
     (8, "Q4_0"),
+    (14, "IQ4_NL"),
     (1, "Q4_1"),
     (4, "F16"),
 ];

@@ -8,10 +8,10 @@ pub fn spread(i: usize, seed: u32, scale: f32) -> f32 {
 
 /// Formats [`packed_matrix`] builds: 0 Q8_0 (quantized from f32: f32 scales), 1 Q4_1, 2 Q6_K,
 /// 3 bf16, 4 f16, 5 Q4_K, 6 Q5_K, 7 Q8_0 and 8 Q4_0 blocks as a file holds them (f16 scales),
-/// 10 Q2_K, 11 IQ4_XS and 12 Q3_K (their own cells), and the blocks kept in other types'
-/// cells: 9 Q5_1 (8-bit cells, f16 scales and offsets) and 13 Q3_K columns beside Q6_K ones
-/// (one projection in Q6_K cells).
-pub const FORMATS: usize = 14;
+/// 10 Q2_K, 11 IQ4_XS, 12 Q3_K and 14 IQ4_NL (their own cells), and the blocks kept in other
+/// types' cells: 9 Q5_1 (8-bit cells, f16 scales and offsets) and 13 Q3_K columns beside Q6_K
+/// ones (one projection in Q6_K cells).
+pub const FORMATS: usize = 15;
 
 /// A packed `[k, n]` weight of one of [`FORMATS`] formats with deterministic values, and its
 /// `k`: `blocks_per_row` cells of 32 rows (K-quants: rounded up to whole 256-weight blocks).
@@ -87,13 +87,19 @@ pub fn packed_matrix(
             }
             blocks(GgmlType::Q8_0, bytes)
         }
-        (8, _) => {
+        (8 | 14, _) => {
+            // Q4_0 and IQ4_NL: an f16 scale (IQ4_NL's of either sign), 16 bytes of nibbles.
+            let (t, sign) = match format {
+                8 => (GgmlType::Q4_0, 1.0),
+                _ => (GgmlType::IQ4_NL, -1.0),
+            };
             let mut bytes = Vec::new();
             for b in 0..n * k / CELL_ROWS {
-                bytes.extend(f16(0.02 + (b % 6) as f32 * 0.004));
+                let sign = if b % 3 == 2 { sign } else { 1.0 };
+                bytes.extend(f16(sign * (0.02 + (b % 6) as f32 * 0.004)));
                 bytes.extend((0..16).map(|i| byte(b * 16 + i)));
             }
-            blocks(GgmlType::Q4_0, bytes)
+            blocks(t, bytes)
         }
         (9, _) => {
             // 5-bit values: a Q5_1 block (scale, min, fifth bits, nibbles) per 32 weights.

@@ -200,15 +200,13 @@ fn most_held(file: &str) -> f64 {
     match file {
         // 8-bit cells with f16 scales: 8.5 and 9 bits a weight against 5.5 and 6.
         "q5_0" | "q5_1" => 8.5 / 5.5,
-        // IQ4_NL's table entries in 8-bit cells: 8.5 against 4.5.
-        "iq4_nl" => 8.5 / 4.5,
         _ => 1.05,
     }
 }
 
 /// Kept as stored, a file's matrices take the file's bytes: K-quant files (Q2_K, Q3_K_M,
-/// Q4_K_M, Q5_K_M, Q6_K, whose fused q/k/v mix two K-quant types), IQ4_XS files, and Q4_0, Q4_1
-/// and Q8_0 files (their f16 scales kept) within 5% of the bytes of the file's matrices, where
+/// Q4_K_M, Q5_K_M, Q6_K, whose fused q/k/v mix two K-quant types), IQ4_XS files, and Q4_0, Q4_1,
+/// Q8_0 and IQ4_NL files (their f16 scales kept) within 5% of the bytes of the file's matrices, where
 /// widening their blocks (or their scales to f32) took 1.2-2.4x. F16 is held at its 16 bits. Files of types kvb
 /// holds widened take no more than that widening ([`most_held`]).
 #[test]

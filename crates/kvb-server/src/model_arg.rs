@@ -97,8 +97,8 @@ pub fn load_engine<B: ModelBackend>(
                     && m.model.weight_bytes() as f64 > 1.05 * file as f64 =>
             {
                 format!(
-                    "; the file's matrices: {:.0} MB, held at {:.2}x: Q5_0, Q5_1 and \
-                     IQ4_NL blocks are widened, exactly, into cells kvb's kernels read \
+                    "; the file's matrices: {:.0} MB, held at {:.2}x: Q5_0 and Q5_1 \
+                     blocks are widened, exactly, into cells kvb's kernels read \
                      (docs/models.md)",
                     file as f64 / 1e6,
                     m.model.weight_bytes() as f64 / file as f64

@@ -128,6 +128,8 @@ impl IntDotMatrix {
         let (nibbles, scales) = match p.cell_values() {
             CellValues::Nibbles(s) => (true, s),
             CellValues::Bytes(s) => (false, s),
+            // Its table's entries are 8-bit values.
+            CellValues::Iq4Nl => (false, Scales::HalfOnly),
             other => unreachable!("{other:?} cells are K-quants' or floats, not taken"),
         };
         let (k, n) = (p.k(), p.n());

@@ -10,9 +10,9 @@ use std::sync::Arc;
 /// offsets), 1 Q4_1 (4-bit, f16 scales and offsets), 7 Q8_0 and 8 Q4_0 (f16 scales; Q4_0's
 /// offsets `-8 d`), and K-quant cells as loaded: 5 Q4_K, 6 Q5_K (5-bit values), 2 Q6_K (6-bit
 /// signed values, 16-row sub-blocks), 11 IQ4_XS (its table's signed values); 9 Q5_1 (8-bit
-/// cells, f16 scales and offsets), 12 Q3_K (3-bit signed values, 16-row sub-blocks) and 13 Q3_K
-/// beside Q6_K (in Q6_K cells).
-const INTEGER_FORMATS: [usize; 11] = [0, 1, 7, 8, 5, 6, 2, 9, 11, 12, 13];
+/// cells, f16 scales and offsets), 12 Q3_K (3-bit signed values, 16-row sub-blocks), 13 Q3_K
+/// beside Q6_K (in Q6_K cells) and 14 IQ4_NL (its table's entries re-laid as 8-bit values).
+const INTEGER_FORMATS: [usize; 12] = [0, 1, 7, 8, 5, 6, 2, 9, 11, 12, 13, 14];
 
 /// The exact product of `a`'s dequantized rows and `w`'s values, in f64.
 fn exact(a: &QuantizedRows, w: &IntDotMatrix) -> Vec<f64> {

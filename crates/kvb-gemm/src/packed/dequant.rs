@@ -4,6 +4,7 @@
 //! parent module).
 
 use super::{kcells, CellValues, Scales, GROUP};
+use kvb_modelfile::gguf::blocks::IQ4_VALUES;
 
 /// Row `r`, lane `lane` of `cell` as f32.
 pub(super) fn value(values: CellValues, cell: &[u8], r: usize, lane: usize) -> f32 {
@@ -18,6 +19,10 @@ pub(super) fn value(values: CellValues, cell: &[u8], r: usize, lane: usize) -> f
             ((v[r / 2 * GROUP + lane] >> (4 * (r % 2))) & 0x0f) as f32,
             s,
         ),
+        CellValues::Iq4Nl => {
+            let nibble = (v[r / 2 * GROUP + lane] >> (4 * (r % 2))) & 0x0f;
+            (IQ4_VALUES[nibble as usize] as f32, Scales::HalfOnly)
+        }
         CellValues::Bytes(s) => (v[r * GROUP + lane] as i8 as f32, s),
         CellValues::Bf16 => return half::bf16::from_le_bytes(half()).to_f32(),
         CellValues::F16 => return half::f16::from_le_bytes(half()).to_f32(),
@@ -136,8 +141,22 @@ fn portable(values: CellValues, rows: usize, cell: &[u8], out: &mut [f32], strid
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
-    use super::{CellValues, Scales, GROUP};
+    use super::{CellValues, Scales, GROUP, IQ4_VALUES};
     use std::arch::x86_64::*;
+
+    /// The table entries the low and the high nibbles of the 8 bytes at `p` index (two rows of
+    /// an IQ4_NL cell), as 8 i32 lanes each: looked up in bytes (`vpshufb`), then widened.
+    #[inline(always)]
+    pub(crate) unsafe fn iq4_rows(p: *const u8) -> [__m256i; 2] {
+        let table = _mm_loadu_si128(IQ4_VALUES.as_ptr() as *const __m128i);
+        let (raw, low) = (_mm_loadl_epi64(p as *const __m128i), _mm_set1_epi8(0x0f));
+        let lo = _mm_and_si128(raw, low);
+        let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), low);
+        [
+            _mm256_cvtepi8_epi32(_mm_shuffle_epi8(table, lo)),
+            _mm256_cvtepi8_epi32(_mm_shuffle_epi8(table, hi)),
+        ]
+    }
 
     /// The 8 lanes' scales and offsets of an integer cell's head at `p`, as
     /// [`Scales::read`] gives them. Inlined into callers compiled with AVX2 and F16C.
@@ -215,8 +234,18 @@ pub(crate) mod avx2 {
             }
             return;
         }
+        if values == CellValues::Iq4Nl {
+            let (scale, offset) = head(Scales::HalfOnly, p);
+            for r in 0..rows / 2 {
+                for (half, q) in iq4_rows(v.add(r * GROUP)).into_iter().enumerate() {
+                    let w = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(q), offset);
+                    _mm256_storeu_ps(out.add((2 * r + half) * stride), w);
+                }
+            }
+            return;
+        }
         let (CellValues::Nibbles(scales) | CellValues::Bytes(scales)) = values else {
-            unreachable!("16-bit and K-quant cells returned above")
+            unreachable!("16-bit, IQ4_NL and K-quant cells returned above")
         };
         let (scale, offset) = head(scales, p);
         match values {
@@ -345,8 +374,22 @@ pub(crate) mod avx512 {
             }
             return;
         }
+        if values == CellValues::Iq4Nl {
+            let (scale, offset) = head_pair(Scales::HalfOnly, a, b);
+            let table = super::kcells::avx512::iq4_values();
+            for r in 0..rows / 2 {
+                let at = head + r * GROUP;
+                let q = _mm512_cvtepu8_epi32(bytes16(a.add(at), b.add(at)));
+                for (half, n) in [q, _mm512_srli_epi32::<4>(q)].into_iter().enumerate() {
+                    // `vpermps` reads an index's low 4 bits: the nibble, unmasked.
+                    let w = _mm512_fmadd_ps(scale, _mm512_permutexvar_ps(n, table), offset);
+                    _mm512_storeu_ps(out.add((2 * r + half) * stride), w);
+                }
+            }
+            return;
+        }
         let (CellValues::Nibbles(scales) | CellValues::Bytes(scales)) = values else {
-            unreachable!("16-bit and K-quant cells returned above")
+            unreachable!("16-bit, IQ4_NL and K-quant cells returned above")
         };
         let (scale, offset) = head_pair(scales, a, b);
         if let CellValues::Nibbles(_) = values {

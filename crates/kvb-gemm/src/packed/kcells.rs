@@ -181,6 +181,11 @@ const IQ4_INDEX: [u8; 256] = {
     t
 };
 
+/// The nibble of IQ4's table entry `value` (IQ4_NL's cells keep their nibbles).
+pub(crate) fn iq4_index(value: i8) -> u8 {
+    IQ4_INDEX[(value as i16 + 128) as usize]
+}
+
 /// Calls `$run!(KIND)` with `$values`' kind as a constant (a K-quant cell type).
 macro_rules! by_kind {
     ($values:expr, $run:ident) => {
@@ -636,9 +641,9 @@ pub(crate) mod avx512 {
         )
     }
 
-    /// [`nibble_values`] for IQ4_XS: its table's 16 entries as f32.
+    /// [`nibble_values`] for IQ4_XS and IQ4_NL: their table's 16 entries as f32.
     #[inline(always)]
-    unsafe fn iq4_values() -> __m512 {
+    pub(crate) unsafe fn iq4_values() -> __m512 {
         _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
             IQ4_VALUES.as_ptr() as *const __m128i
         )))

@@ -4,14 +4,14 @@
 //! A decode step or a warm request multiplies a few rows by every weight of the model, so its
 //! cost is the bytes of weights streamed: f32 weights stream 32 bits per weight, a GGUF's Q4_K
 //! 4.5. [`PackedMatrix`] keeps a GGUF's K-quant blocks (Q2_K to Q6_K) and IQ4_XS blocks at the
-//! file's bits per weight (within 4%: [`kcells`]), its Q4_0, Q4_1 and Q8_0 blocks at the file's bits too (4.5, 5
-//! and 8.5: their f16 scales kept, [`Scales`]; a fused projection mixing such formats widens
-//! its scales to f32), f16 and
-//! bf16 tensors (a GGUF's or a safetensors folder's) at 16 bits, and can round f32 weights to 8
-//! bits ([`PackedMatrix::quantize_q8_0`]) or to bf16 ([`PackedMatrix::round_to_bf16`]).
+//! file's bits per weight (within 4%: [`kcells`]), its Q4_0, Q4_1, Q8_0 and IQ4_NL blocks at
+//! the file's bits too (4.5, 5, 8.5 and 4.5: their f16 scales kept, [`Scales`]; a fused
+//! projection mixing such formats widens its scales to f32), f16 and bf16 tensors (a GGUF's or
+//! a safetensors folder's) at 16 bits, and can round f32 weights to 8 bits
+//! ([`PackedMatrix::quantize_q8_0`]) or to bf16 ([`PackedMatrix::round_to_bf16`]).
 //! Block types with no cells of their own are widened, exactly, into cells that hold their
-//! values: Q3_K beside Q6_K in one projection into Q6_K's, Q5_0 and IQ4_NL into 8-bit cells
-//! with the file's f16 scales, Q5_1 with its f16 scales and offsets
+//! values: Q3_K beside Q6_K in one projection into Q6_K's, Q5_0 into 8-bit cells with the
+//! file's f16 scales, Q5_1 with its f16 scales and offsets
 //! (`tests::widened_32_weight_blocks_take_8_bit_cells`). One projection of two K-quant types
 //! (given to [`PackedMatrix::from_blocks`] together) takes Q6_K's cells for Q3_K beside Q6_K,
 //! else 4- or 8-bit cells with f32 scales.
@@ -49,13 +49,13 @@ mod pages;
 pub(crate) use pages::Pages;
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use dequant::avx2::{head, head_lanes, widen_floats};
+pub(crate) use dequant::avx2::{head, head_lanes, iq4_rows, widen_floats};
 #[cfg(target_arch = "x86_64")]
 pub(crate) use dequant::avx512::{bytes16, head_pair, widen_pair};
 #[cfg(target_arch = "x86_64")]
 pub(crate) use dequant::{prefetch_cell, AHEAD};
 
-use kvb_modelfile::gguf::blocks::{self, Coded};
+use kvb_modelfile::gguf::blocks::{self, Coded, IQ4_VALUES};
 use kvb_modelfile::gguf::GgmlType;
 use kvb_modelfile::{FileError, Result};
 use rayon::prelude::*;
@@ -167,6 +167,9 @@ impl Scales {
 pub enum CellValues {
     /// Unsigned 4-bit values, two rows per byte.
     Nibbles(Scales),
+    /// IQ4_NL blocks at the file's bits: [`CellValues::Nibbles`] with the file's f16 scales,
+    /// each nibble an index into IQ4's table (`d * table[q]`).
+    Iq4Nl,
     /// Signed 8-bit values.
     Bytes(Scales),
     /// bf16 values (the top half of an f32), no scale.
@@ -251,6 +254,7 @@ impl CellValues {
     pub fn head_bytes(self) -> usize {
         match self {
             CellValues::Nibbles(s) | CellValues::Bytes(s) => s.head_bytes(),
+            CellValues::Iq4Nl => Scales::HalfOnly.head_bytes(),
             CellValues::Bf16 | CellValues::F16 => 0,
             CellValues::Q2K
             | CellValues::Q3K
@@ -264,7 +268,7 @@ impl CellValues {
     /// Bytes of the values of a cell of `rows` rows (K-quant cells: always 256).
     pub fn value_bytes(self, rows: usize) -> usize {
         match self {
-            CellValues::Nibbles(_) => rows * GROUP / 2,
+            CellValues::Nibbles(_) | CellValues::Iq4Nl => rows * GROUP / 2,
             CellValues::Bytes(_) => rows * GROUP,
             CellValues::Bf16 | CellValues::F16 => rows * GROUP * 2,
             CellValues::Q2K
@@ -300,7 +304,7 @@ impl CellValues {
             // f16 cells, the K-quants' f16 scales and the file's f16 scales widen with F16C.
             let halves = match self {
                 CellValues::Nibbles(s) | CellValues::Bytes(s) => s != Scales::F32,
-                _ => self == CellValues::F16 || self.is_k_quant(),
+                _ => matches!(self, CellValues::F16 | CellValues::Iq4Nl) || self.is_k_quant(),
             };
             crate::has_fma() && (!halves || crate::cpu().f16c)
         }
@@ -398,7 +402,9 @@ impl PackedMatrix {
             Some(s) if parts.iter().all(|p| p.ggml_type == first.ggml_type) => s,
             _ => Scales::F32,
         };
-        let values = if parts.iter().any(|p| blocks::wider_than_4_bits(p.ggml_type)) {
+        let values = if parts.iter().all(|p| p.ggml_type == GgmlType::IQ4_NL) {
+            CellValues::Iq4Nl
+        } else if parts.iter().any(|p| blocks::wider_than_4_bits(p.ggml_type)) {
             CellValues::Bytes(scales)
         } else {
             CellValues::Nibbles(scales)
@@ -771,15 +777,17 @@ impl PackedMatrix {
             }
             return Some(scales);
         }
-        let (CellValues::Nibbles(scales) | CellValues::Bytes(scales)) = self.values else {
-            return None;
+        let scales = match self.values {
+            CellValues::Nibbles(s) | CellValues::Bytes(s) => s,
+            CellValues::Iq4Nl => Scales::HalfOnly,
+            _ => return None,
         };
         let v = &cell[scales.head_bytes()..];
         for (r, q) in q.iter_mut().take(RUN).enumerate() {
+            let nibble = || (v[r / 2 * GROUP + lane] >> (4 * (r % 2))) & 0x0f;
             *q = match self.values {
-                CellValues::Nibbles(_) => {
-                    ((v[r / 2 * GROUP + lane] >> (4 * (r % 2))) & 0x0f) as i16
-                }
+                CellValues::Nibbles(_) => nibble() as i16,
+                CellValues::Iq4Nl => IQ4_VALUES[nibble() as usize] as i16,
                 _ => v[r * GROUP + lane] as i8 as i16,
             };
         }
@@ -866,10 +874,20 @@ fn put_float_lane(values: CellValues, cells: &mut [u8], lane: usize, row: &[u8])
 /// Stores a column's weights `coded` as lane `lane` of a group's `cells` of integers (each
 /// cell's run of `cell_rows` shares one scale and offset).
 fn put_lane(values: CellValues, cell_rows: usize, cells: &mut [u8], lane: usize, coded: &[Coded]) {
-    let (CellValues::Nibbles(scales) | CellValues::Bytes(scales)) = values else {
-        unreachable!("16-bit and K-quant cells are filled by their own puts")
+    let (scales, nibbles) = match values {
+        CellValues::Nibbles(s) => (s, true),
+        CellValues::Bytes(s) => (s, false),
+        CellValues::Iq4Nl => (Scales::HalfOnly, true),
+        _ => unreachable!("16-bit and K-quant cells are filled by their own puts"),
     };
-    let nibbles = matches!(values, CellValues::Nibbles(_));
+    // IQ4_NL's weights are table entries; its cells keep their nibbles.
+    let nibble = |q: i8| {
+        if values == CellValues::Iq4Nl {
+            kcells::iq4_index(q)
+        } else {
+            q as u8 & 0x0f
+        }
+    };
     let cell_bytes = values.cell_bytes(cell_rows);
     for (cell, run) in cells
         .chunks_exact_mut(cell_bytes)
@@ -884,7 +902,7 @@ fn put_lane(values: CellValues, cell_rows: usize, cells: &mut [u8], lane: usize,
         let cell_values = &mut cell[scales.head_bytes()..];
         for (r, w) in run.iter().enumerate() {
             if nibbles {
-                cell_values[r / 2 * GROUP + lane] |= ((w.q as u8) & 0x0f) << (4 * (r % 2));
+                cell_values[r / 2 * GROUP + lane] |= nibble(w.q) << (4 * (r % 2));
             } else {
                 cell_values[r * GROUP + lane] = w.q as u8;
             }

@@ -1,7 +1,7 @@
 //! The 8-lane kernel (AVX2, FMA, F16C): one group of 8 columns per register.
 
 use super::*;
-use crate::packed::{head as cell_head, kcells, prefetch_cell, AHEAD};
+use crate::packed::{head as cell_head, kcells, prefetch_cell, Scales, AHEAD};
 use std::arch::x86_64::*;
 
 /// [`run_groups`] for `m` rows (1 to 7) and `groups` groups (1, 2 or 4), as
@@ -93,6 +93,21 @@ unsafe fn run_groups<const R: usize, const G: usize>(a: &Set) {
                         _mm256_fmadd_ps(scale[i], q, offset[i])
                     });
                     multiply_into(&mut acc, &hi, |r| xrow(r, 2 * p + 1));
+                }
+            }
+            CellValues::Iq4Nl => {
+                let (scale, offset) = scales(Scales::HalfOnly);
+                let values = Scales::HalfOnly.head_bytes();
+                for p in 0..rows / 2 {
+                    let q: [[__m256i; 2]; G] = std::array::from_fn(|i| {
+                        crate::packed::iq4_rows(head[i].add(values + p * GROUP))
+                    });
+                    for half in 0..2 {
+                        let w: [__m256; G] = std::array::from_fn(|i| {
+                            _mm256_fmadd_ps(scale[i], _mm256_cvtepi32_ps(q[i][half]), offset[i])
+                        });
+                        multiply_into(&mut acc, &w, |r| xrow(r, 2 * p + half));
+                    }
                 }
             }
             CellValues::Bytes(s) => {

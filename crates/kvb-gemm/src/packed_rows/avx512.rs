@@ -4,7 +4,7 @@
 //! computes what [`super::avx2`] computes for its column, in the same order: the same bits.
 
 use super::*;
-use crate::packed::{bytes16, head_pair, kcells, prefetch_cell, widen_pair, AHEAD};
+use crate::packed::{bytes16, head_pair, kcells, prefetch_cell, widen_pair, Scales, AHEAD};
 use std::arch::x86_64::*;
 
 /// [`run_pairs`] for `m` rows (1 to 16) and `pairs` pairs (1, 2 or 4), as [`super::columns`]
@@ -51,6 +51,7 @@ unsafe fn run_pairs<const R: usize, const P: usize, const BYTES: bool>(a: &Set) 
     let per_block = KC / rows;
     let mut acc = [[_mm512_setzero_ps(); P]; R];
     let nibble_values = kcells::avx512::nibble_values();
+    let iq4_values = kcells::avx512::iq4_values();
     for c in 0..cells {
         let mut head = [[std::ptr::null::<u8>(); 2]; P];
         for (i, h) in head.iter_mut().enumerate() {
@@ -83,7 +84,11 @@ unsafe fn run_pairs<const R: usize, const P: usize, const BYTES: bool>(a: &Set) 
                 }
                 kcells::by_kind!(a.values, run);
             }
-            CellValues::Nibbles(s) | CellValues::Bytes(s) => {
+            CellValues::Nibbles(_) | CellValues::Bytes(_) | CellValues::Iq4Nl => {
+                let (s, table) = match a.values {
+                    CellValues::Nibbles(s) | CellValues::Bytes(s) => (s, nibble_values),
+                    _ => (Scales::HalfOnly, iq4_values),
+                };
                 let mut scale = [_mm512_setzero_ps(); P];
                 let mut offset = [_mm512_setzero_ps(); P];
                 for (i, h) in head.iter().enumerate() {
@@ -91,7 +96,7 @@ unsafe fn run_pairs<const R: usize, const P: usize, const BYTES: bool>(a: &Set) 
                 }
                 let values = s.head_bytes();
                 let mut wv = [_mm512_setzero_ps(); P];
-                if let CellValues::Nibbles(_) = a.values {
+                if let CellValues::Nibbles(_) | CellValues::Iq4Nl = a.values {
                     for p in 0..rows / 2 {
                         let mut q = [_mm512_setzero_si512(); P];
                         for (i, h) in head.iter().enumerate() {
@@ -99,13 +104,13 @@ unsafe fn run_pairs<const R: usize, const P: usize, const BYTES: bool>(a: &Set) 
                             q[i] = _mm512_cvtepu8_epi32(bytes16(h[0].add(at), h[1].add(at)));
                         }
                         for i in 0..P {
-                            let lo = _mm512_permutexvar_ps(q[i], nibble_values);
+                            let lo = _mm512_permutexvar_ps(q[i], table);
                             wv[i] = _mm512_fmadd_ps(scale[i], lo, offset[i]);
                         }
                         multiply_into(&mut acc, &wv, |r| xrow(r, 2 * p));
                         for i in 0..P {
                             let hi = _mm512_srli_epi32::<4>(q[i]);
-                            let hi = _mm512_permutexvar_ps(hi, nibble_values);
+                            let hi = _mm512_permutexvar_ps(hi, table);
                             wv[i] = _mm512_fmadd_ps(scale[i], hi, offset[i]);
                         }
                         multiply_into(&mut acc, &wv, |r| xrow(r, 2 * p + 1));
