@@ -12,12 +12,14 @@ use crate::common::{
 use kvb_model::gguf::GgufModel;
 use kvb_model::{load_pretrained, ActivationPrecision, LoadOptions, Model, WeightPrecision};
 
-/// For every integer file (Q4_0, Q4_1, Q8_0, and the K-quant mixes Q4_K_M, Q5_K_M, Q6_K, read
-/// as loaded): the largest logit difference from the exact logits with 8-bit activations,
-/// against llama.cpp's. Measured (logits spread 7.8): q4_0 0.272 vs llama.cpp 0.378, q4_1 0.292
-/// vs 0.300, q8_0 0.298 vs 0.321, q4_k_m 0.291 vs 0.470, q5_k_m 0.274 vs 0.449, q6_k 0.257 vs
-/// 0.418 (llama.cpp rounds a K-quant's activations per 256 values, kvb per 32). A wrong block
-/// scale or offset term shows as a difference of several units.
+/// For every integer file (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, IQ4_NL, and the K-quant files Q2_K,
+/// Q3_K_M, Q4_K_M, Q5_K_M, Q6_K, IQ4_XS, read as loaded): the largest logit difference from the
+/// exact logits with 8-bit activations, against llama.cpp's. Measured (logits spread 7.8): q4_0
+/// 0.272 vs llama.cpp 0.378, q4_1 0.292 vs 0.300, q8_0 0.298 vs 0.321, q5_0 0.319 vs 0.320, q5_1
+/// 0.265 vs 0.345, iq4_nl 0.339 vs 0.295, q2_k 0.284 vs 0.441, q3_k_m 0.292 vs 0.396, q4_k_m
+/// 0.291 vs 0.470, q5_k_m 0.274 vs 0.449, q6_k 0.257 vs 0.418, iq4_xs 0.311 vs 0.441 (llama.cpp
+/// rounds a K-quant's activations per 256 values, kvb per 32). A wrong block scale or offset
+/// term shows as a difference of several units.
 #[test]
 fn q8_activations_cost_what_they_cost_llama_cpp() {
     let dir = fixtures().join("llama-cpp");
@@ -29,7 +31,11 @@ fn q8_activations_cost_what_they_cost_llama_cpp() {
         .iter()
         .map(|t| t.as_u64().unwrap() as u32)
         .collect();
-    for name in ["q4_0", "q4_1", "q8_0", "q4_k_m", "q5_k_m", "q6_k"] {
+    let names = [
+        "q4_0", "q4_1", "q8_0", "q5_0", "q5_1", "iq4_nl", "q2_k", "q3_k_m", "q4_k_m", "q5_k_m",
+        "q6_k", "iq4_xs",
+    ];
+    for name in names {
         let f = &json["files"][name];
         let llama_cpp = read_f32(&dir.join(f["logits"].as_str().unwrap()));
         let exact = read_f32(&dir.join(f["exact_logits"].as_str().unwrap()));

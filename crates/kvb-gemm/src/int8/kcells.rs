@@ -1,11 +1,12 @@
-//! 8-bit activation products over K-quant cells as loaded (Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS at
+//! 8-bit activation products over K-quant cells as loaded (Q2_K to Q6_K and IQ4_XS at
 //! the file's bits, [`crate::packed::kcells`]): no second copy of the weights, and the decode
 //! step streams what the file holds.
 //!
 //! The arithmetic, per output and in this order: starting from zero, for each sub-block `s` of
-//! each cell (32 rows; Q3_K and Q6_K 16), with `b` the activation block holding it,
-//! `y = fma(isum_s as f32, scale_s * dx_b, y)`, then for Q4_K and Q5_K
-//! `y = fma(offset_s, sx_b, y)`; `isum_s` is the exact integer dot product of the sub-block's
+//! each cell (32 rows; Q2_K, Q3_K and Q6_K 16), with `b` the activation block holding it,
+//! `y = fma(isum_s as f32, scale_s * dx_b, y)`, then for Q2_K, Q4_K and Q5_K
+//! `y = fma(offset_s, sx_s, y)` with `sx_s = dx_b * (the sub-block's sum of the row's integers)`
+//! (for 32 rows the block's `scaled_sum`); `isum_s` is the exact integer dot product of the sub-block's
 //! values (Q3_K's and Q6_K's signed, `q - 4` and `q - 32`; IQ4_XS's its table's entries) with
 //! the row's 8-bit integers. For Q4_K and Q5_K these are the steps of the re-laid-out
 //! matrices' products ([`super::products`]), so the bits are theirs, and for IQ4_XS those of
@@ -28,7 +29,7 @@ const ROWS_PER_PASS: usize = 64;
 /// `y [m, n] = a · w` for K-quant cells `w`, with `kernel`.
 pub(super) fn matmul(a: &QuantizedRows, w: &PackedMatrix, kernel: Kernel) -> Vec<f32> {
     assert!(
-        kcells::takes_8_bit_rows(w.cell_values()),
+        w.cell_values().is_k_quant(),
         "int8 K-quant products of {}",
         w.source()
     );
@@ -176,8 +177,10 @@ pub(super) fn portable(
             for (i, y) in y.iter_mut().enumerate().take(rows) {
                 let row = r0 + i;
                 let x = &a.q[row * a.k + row0..][..sub];
-                let at = row * blocks + row0 / BLOCK;
-                let (dx, sx) = (a.scale[at], a.scaled_sum[at]);
+                let dx = a.scale[row * blocks + row0 / BLOCK];
+                assert!(row < a.m && row0 + sub <= a.k, "int8 K-quant rows");
+                // SAFETY: inside the rows (asserted).
+                let sx = unsafe { a.sub_block_scaled_sum(row, row0, sub) };
                 for lane in 0..GROUP {
                     let isum: i32 = q[lane].iter().zip(x).map(|(&q, &x)| q * x as i32).sum();
                     y[lane] = (isum as f32).mul_add(scale[lane] * dx, y[lane]);

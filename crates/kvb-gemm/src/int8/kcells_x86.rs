@@ -18,7 +18,7 @@ use super::products::Kernel;
 use super::{QuantizedRows, BLOCK};
 use crate::packed::kcells::avx2::{bytes, run_bytes, sub_ints};
 use crate::packed::kcells::{
-    self, of_kind, Layout, KIND_IQ4XS, KIND_Q3K, KIND_Q4K, KIND_Q5K, KIND_Q6K, ROWS,
+    self, of_kind, Layout, KIND_IQ4XS, KIND_Q2K, KIND_Q3K, KIND_Q4K, KIND_Q5K, KIND_Q6K, ROWS,
 };
 use crate::packed::{CellValues, PackedMatrix, GROUP};
 use std::arch::x86_64::*;
@@ -32,6 +32,7 @@ macro_rules! by_shape {
                 ($r, KIND_Q5K) => $f::<$r, KIND_Q5K> $args,
                 ($r, KIND_Q6K) => $f::<$r, KIND_Q6K> $args,
                 ($r, KIND_Q3K) => $f::<$r, KIND_Q3K> $args,
+                ($r, KIND_Q2K) => $f::<$r, KIND_Q2K> $args,
                 ($r, KIND_IQ4XS) => $f::<$r, KIND_IQ4XS> $args,
             )*
             _ => unreachable!("rows checked above"),
@@ -65,7 +66,7 @@ pub(super) unsafe fn tile(
             && a.k == w.k()
             && g < w.n().div_ceil(GROUP)
             && out.len() >= rows * GROUP
-            && kcells::takes_8_bit_rows(w.cell_values())
+            && w.cell_values().is_k_quant()
     );
     let cells = w.group_cells(g).as_ptr();
     let values = w.cell_values();
@@ -171,7 +172,7 @@ macro_rules! body {
         let at = Layout::of(values);
         let signed = kcells::signed(values);
         let cell_bytes = values.cell_bytes(ROWS);
-        let (k, blocks, halves) = ($a.k, $a.k / BLOCK, $a.k / (BLOCK / 2));
+        let (k, blocks) = ($a.k, $a.k / BLOCK);
         let sign = _mm256_set1_ps(-0.0);
         let x = $a.q.as_ptr().add($r0 * k) as *const u8;
         let mut y = [_mm256_setzero_ps(); $R];
@@ -213,12 +214,7 @@ macro_rules! body {
                     let mut isum = _mm256_add_epi32(sums[0], sums[1]);
                     let bias: i32 = $bias;
                     if bias != 0 {
-                        // The sub-block's rows' sum: its 16-row sums (one, or two for 32).
-                        let h = ($r0 + i) * halves + row0 / 16;
-                        let mut sum = *$a.sums16.get_unchecked(h);
-                        if at.sub_rows == 32 {
-                            sum += *$a.sums16.get_unchecked(h + 1);
-                        }
+                        let sum = $a.sub_block_sum($r0 + i, row0, at.sub_rows);
                         isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(bias * sum));
                     }
                     let b = ($r0 + i) * blocks + row0 / BLOCK;
@@ -226,7 +222,8 @@ macro_rules! body {
                     y[i] =
                         _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(scale, dx), y[i]);
                     if !signed {
-                        let sx = _mm256_set1_ps(*$a.scaled_sum.get_unchecked(b));
+                        let sx = $a.sub_block_scaled_sum($r0 + i, row0, at.sub_rows);
+                        let sx = _mm256_set1_ps(sx);
                         y[i] = _mm256_fmadd_ps(offset, sx, y[i]);
                     }
                 }
@@ -268,7 +265,7 @@ const RUNS: usize = ROWS / 8;
 /// The CPU has AVX2; `g` is a group of `w`, whose cells are K-quant cells.
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn decode_group(w: &PackedMatrix, g: usize, runs: &mut Vec<[__m256i; 2]>) {
-    assert!(g < w.n().div_ceil(GROUP) && kcells::takes_8_bit_rows(w.cell_values()));
+    assert!(g < w.n().div_ceil(GROUP) && w.cell_values().is_k_quant());
     let cell_bytes = w.cell_values().cell_bytes(ROWS);
     let cells = w.group_cells(g).as_ptr();
     runs.clear();
@@ -305,7 +302,7 @@ pub(super) unsafe fn tile_decoded(
             && g < w.n().div_ceil(GROUP)
             && runs.len() == w.k() / 8
             && out.len() >= rows * GROUP
-            && kcells::takes_8_bit_rows(w.cell_values())
+            && w.cell_values().is_k_quant()
     );
     let (cells, runs) = (w.group_cells(g).as_ptr(), runs.as_ptr());
     by_shape!(rows, w.cell_values(), run_avx2_decoded(a, r0, cells, runs, out): 1 2 3 4)
@@ -374,7 +371,7 @@ pub(super) unsafe fn tile_pair(
             && a.k == w.k()
             && g + 1 < w.n().div_ceil(GROUP)
             && out.len() >= rows * 2 * GROUP
-            && kcells::takes_8_bit_rows(w.cell_values())
+            && w.cell_values().is_k_quant()
     );
     let cells = (w.group_cells(g).as_ptr(), w.group_cells(g + 1).as_ptr());
     by_shape!(rows, w.cell_values(), run_vnni_pair(a, r0, cells, out): 1 2 3 4 5 6 7 8)
@@ -405,7 +402,7 @@ unsafe fn run_vnni_pair<const R: usize, const K: u8>(
         kcells::IQ4_STORED.as_ptr() as *const __m128i
     ));
     let cell_bytes = values.cell_bytes(ROWS);
-    let (k, blocks, halves) = (a.k, a.k / BLOCK, a.k / (BLOCK / 2));
+    let (k, blocks) = (a.k, a.k / BLOCK);
     let low = _mm512_set1_epi8(0x0f);
     let (fifth, top) = (_mm512_set1_epi8(0x10), _mm512_set1_epi8(0x30));
     let q5_shift = _mm512_setr_epi64(0, 2, 4, 6, 0, 2, 4, 6);
@@ -512,12 +509,7 @@ unsafe fn run_vnni_pair<const R: usize, const K: u8>(
             for i in 0..R {
                 let mut isum = _mm512_add_epi32(sums[i], last[i]);
                 if signed {
-                    // The sub-block's rows' sum: its 16-row sums (one, or two for 32).
-                    let h = (r0 + i) * halves + row0 / 16;
-                    let mut sum = *a.sums16.get_unchecked(h);
-                    if at.sub_rows == 32 {
-                        sum += *a.sums16.get_unchecked(h + 1);
-                    }
+                    let sum = a.sub_block_sum(r0 + i, row0, at.sub_rows);
                     let bias = kcells::bias(values) as i32;
                     isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(bias * sum));
                 }
@@ -525,7 +517,7 @@ unsafe fn run_vnni_pair<const R: usize, const K: u8>(
                 let dx = _mm512_set1_ps(*a.scale.get_unchecked(b));
                 y[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(scale, dx), y[i]);
                 if !signed {
-                    let sx = _mm512_set1_ps(*a.scaled_sum.get_unchecked(b));
+                    let sx = _mm512_set1_ps(a.sub_block_scaled_sum(r0 + i, row0, at.sub_rows));
                     y[i] = _mm512_fmadd_ps(offset, sx, y[i]);
                 }
             }

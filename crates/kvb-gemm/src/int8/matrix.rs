@@ -14,11 +14,11 @@
 //! per column would split them). Groups follow one another, so a product reads a range of
 //! columns as two streams, heads and values.
 //!
-//! K-quant cells (Q3_K, Q4_K, Q5_K, Q6_K) are not re-laid out: their products read the cells as
+//! K-quant cells (Q2_K to Q6_K, IQ4_XS) are not re-laid out: their products read the cells as
 //! loaded, at the file's bits ([`super::kcells`]), and the matrix shares them.
 
 use super::{BLOCK, LANES};
-use crate::packed::{kcells, CellValues, PackedMatrix, Pages, Scales, GROUP};
+use crate::packed::{CellValues, PackedMatrix, Pages, Scales, GROUP};
 use rayon::prelude::*;
 use std::sync::Arc;
 
@@ -54,14 +54,11 @@ impl std::fmt::Debug for IntDotMatrix {
 
 impl IntDotMatrix {
     /// Whether [`IntDotMatrix::from_packed`] takes `p`: integers sharing a scale per 32 rows,
-    /// or K-quant cells (whose Q3_K and Q6_K sub-blocks share one per 16, with no offset; not
-    /// Q2_K's, which have an offset per 16).
+    /// or K-quant cells (whose sub-blocks of 16, Q2_K's, Q3_K's and Q6_K's, take the 8-bit
+    /// rows' sums per 16).
     pub fn takes(p: &PackedMatrix) -> bool {
         let values = p.cell_values();
-        if values.is_k_quant() {
-            return kcells::takes_8_bit_rows(values);
-        }
-        values.is_integer() && values.sub_rows(p.cell_rows()) == BLOCK
+        values.is_k_quant() || (values.is_integer() && values.sub_rows(p.cell_rows()) == BLOCK)
     }
 
     /// `p` re-laid out (K-quant cells: shared as they are), or `None` where

@@ -21,8 +21,8 @@
 //!
 //! Weights: every [`crate::packed::PackedMatrix`] of integer cells of 32 rows (Q4_0, Q4_1, Q8_0,
 //! and `--weights q8_0`), re-laid out for `vpdpbusd` ([`IntDotMatrix`]), and K-quant cells
-//! (Q3_K, Q4_K, Q5_K, Q6_K) as loaded, at the file's bits ([`kcells`]). Others (16-bit floats,
-//! f32, Q2_K's cells: an offset per 16 rows) keep the f32 products.
+//! (Q2_K to Q6_K, IQ4_XS) as loaded, at the file's bits ([`kcells`]). Others (16-bit floats,
+//! f32) keep the f32 products.
 
 mod kcells;
 mod matrix;

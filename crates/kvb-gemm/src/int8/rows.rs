@@ -26,8 +26,8 @@ pub struct QuantizedRows {
     /// `[m, k / 32]`: -128 times the sum of the block's integers, the correction for weights
     /// stored as unsigned bytes `q + 128` (see [`super::IntDotMatrix`]).
     pub(super) unsigned_correction: Vec<i32>,
-    /// `[m, k / 16]`: the sum of each 16 integers (Q6_K's sub-blocks take their bias of 32
-    /// off with it, [`super::kcells`]).
+    /// `[m, k / 16]`: the sum of each 16 integers (the signed K-quant cells take their bias
+    /// off with it, [`Self::sub_block_sum`]).
     pub(super) sums16: Vec<i32>,
 }
 
@@ -91,6 +91,42 @@ impl QuantizedRows {
     /// Values per row.
     pub fn width(&self) -> usize {
         self.k
+    }
+
+    /// The sum of row `r`'s integers `from` (a multiple of 16) on for `len` values (16 or 32):
+    /// a sub-block's share, which the K-quant products take their cells' bias off with.
+    ///
+    /// # Safety
+    /// `r < m` and `from + len <= k`; unchecked, as the kernels call it in their inner loop.
+    #[inline(always)]
+    pub(super) unsafe fn sub_block_sum(&self, r: usize, from: usize, len: usize) -> i32 {
+        let h = (r * self.k + from) / HALF;
+        // SAFETY: the caller keeps `r` and `from + len` inside the rows; `len` is 16 or 32.
+        unsafe {
+            let mut sum = *self.sums16.get_unchecked(h);
+            if len == 2 * HALF {
+                sum += *self.sums16.get_unchecked(h + 1);
+            }
+            sum
+        }
+    }
+
+    /// Row `r`'s scale `dx` times the sum of its integers `from` on for `len` values (16 or 32,
+    /// inside one block): what a sub-block's offset multiplies. For a whole block it is the
+    /// block's `scaled_sum` (the same product); for 16 rows (Q2_K's sub-blocks) it is formed here.
+    ///
+    /// # Safety
+    /// As [`Self::sub_block_sum`].
+    #[inline(always)]
+    pub(super) unsafe fn sub_block_scaled_sum(&self, r: usize, from: usize, len: usize) -> f32 {
+        let b = (r * self.k + from) / BLOCK;
+        // SAFETY: the caller keeps `r` and `from + len` inside the rows.
+        unsafe {
+            if len == BLOCK {
+                return *self.scaled_sum.get_unchecked(b);
+            }
+            *self.scale.get_unchecked(b) * self.sub_block_sum(r, from, len) as f32
+        }
     }
 
     /// Row `r`'s values as the products see them: each integer times its block's scale.

@@ -11,8 +11,9 @@ use std::sync::Arc;
 /// offsets `-8 d`), and K-quant cells as loaded: 5 Q4_K, 6 Q5_K (5-bit values), 2 Q6_K (6-bit
 /// signed values, 16-row sub-blocks), 11 IQ4_XS (its table's signed values); 9 Q5_1 (8-bit
 /// cells, f16 scales and offsets), 12 Q3_K (3-bit signed values, 16-row sub-blocks), 13 Q3_K
-/// beside Q6_K (in Q6_K cells) and 14 IQ4_NL (its table's entries re-laid as 8-bit values).
-const INTEGER_FORMATS: [usize; 12] = [0, 1, 7, 8, 5, 6, 2, 9, 11, 12, 13, 14];
+/// beside Q6_K (in Q6_K cells), 14 IQ4_NL (its table's entries re-laid as 8-bit values) and
+/// 10 Q2_K (2-bit values with an offset per 16 rows).
+const INTEGER_FORMATS: [usize; 13] = [0, 1, 7, 8, 5, 6, 2, 9, 11, 12, 13, 14, 10];
 
 /// The exact product of `a`'s dequantized rows and `w`'s values, in f64.
 fn exact(a: &QuantizedRows, w: &IntDotMatrix) -> Vec<f64> {
@@ -145,8 +146,7 @@ proptest! {
 /// Half-precision cells are not taken (they keep the f32 products); integer cells are.
 #[test]
 fn float_cells_are_declined() {
-    // Q2_K's cells have an offset per 16 rows, not per the 32 a byte product's block sums.
-    for format in [3, 4, 10] {
+    for format in [3, 4] {
         let (packed, _) = packed_matrix(format, 8, 24, 1);
         assert!(!IntDotMatrix::takes(&packed), "format {format}");
         assert!(
@@ -163,7 +163,7 @@ fn float_cells_are_declined() {
 /// K-quant cells are read as loaded: the 8-bit matrix holds no bytes of its own beside them.
 #[test]
 fn k_quant_cells_are_shared_not_copied() {
-    for format in [5, 6, 2, 12, 13] {
+    for format in [5, 6, 2, 12, 13, 10] {
         let (packed, _) = packed_matrix(format, 16, 24, 3);
         let packed = Arc::new(packed);
         let w = IntDotMatrix::from_packed(&packed).expect("K-quant cells");

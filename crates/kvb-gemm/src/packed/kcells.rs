@@ -141,13 +141,6 @@ pub(crate) const fn has_16_lanes(values: CellValues) -> bool {
     !matches!(values, CellValues::Q2K | CellValues::Q3K)
 }
 
-/// Whether the 8-bit products take cells of `values`: a sub-block's offset is multiplied by its
-/// rows' sum, which the 8-bit rows keep per 32 (and per 16 for offset-free sub-blocks), so not
-/// Q2_K's, an offset per 16.
-pub(crate) fn takes_8_bit_rows(values: CellValues) -> bool {
-    values.is_k_quant() && (signed(values) || Layout::of(values).sub_rows == 32)
-}
-
 /// What `values`' stored integers are less: 4 for Q3_K, 32 for Q6_K, 128 for IQ4_XS (whose
 /// values [`avx2::run_bytes`] gives as its table's entries plus 128), else 0.
 pub(crate) const fn bias(values: CellValues) -> u8 {

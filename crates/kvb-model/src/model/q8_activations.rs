@@ -24,11 +24,12 @@ impl ActivationPrecision {
 
     /// What a cache namespace records of this precision: its name and the revision of its
     /// arithmetic, so that K/V computed by an earlier revision is never served as this one's
-    /// (revision 2, 2026-11-26: a K-quant file's Q6_K parts take 8-bit products too).
+    /// (revision 2, 2026-11-26: a K-quant file's Q6_K parts take 8-bit products too; revision 3,
+    /// 2026-12-02: so do Q2_K's).
     pub fn cache_tag(self) -> String {
         match self {
             ActivationPrecision::F32 => "f32".into(),
-            ActivationPrecision::Q8 => "q8 r2".into(),
+            ActivationPrecision::Q8 => "q8 r3".into(),
         }
     }
 }
@@ -119,7 +120,8 @@ impl<B: ModelBackend> Model<B> {
         if !self.takes_q8_activations() {
             return Err(ModelError::unsupported(
                 "8-bit activations with weights that are not integers in blocks (Q4_0, Q4_1, \
-                 Q8_0, Q3_K, Q4_K, Q5_K, Q6_K); add --weights q8_0 to quantize float weights"
+                 Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K to Q6_K, IQ4_XS); add --weights q8_0 to quantize \
+                 float weights"
                     .into(),
             ));
         }
