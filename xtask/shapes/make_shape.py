@@ -50,6 +50,12 @@ SHAPES = {
         arch="qwen2", layers=28, hidden=1536, ffn=8960, heads=12, kv_heads=2, head_dim=128,
         vocab=151936, theta=1000000.0, eps=1e-6, qkv_bias=True,
     ),
+    # Untied: an output.weight beside token_embd (a 16 GB F16 file; `--layers 2` keeps the
+    # embedding and head whole, the part untying changes).
+    "llama3-8b": dict(
+        arch="llama", layers=32, hidden=4096, ffn=14336, heads=32, kv_heads=8, head_dim=128,
+        vocab=128256, theta=500000.0, eps=1e-5, qkv_bias=False, tied=False,
+    ),
 }
 CONTEXT = 8192
 STD = 0.02
@@ -170,8 +176,10 @@ def tensor_plan(s, vocab):
         plan.append((p + "ffn_gate.weight", (f, h), "matrix"))
         plan.append((p + "ffn_up.weight", (f, h), "matrix"))
         plan.append((p + "ffn_down.weight", (h, f), "matrix"))
-    # Tied embeddings: no output.weight.
     plan.append(("output_norm.weight", (h,), "norm"))
+    # Tied embeddings (the default): no output.weight.
+    if not s.get("tied", True):
+        plan.append(("output.weight", (vocab, h), "matrix"))
     return plan
 
 

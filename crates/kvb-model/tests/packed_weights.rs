@@ -243,3 +243,45 @@ fn packed_k_quant_weights_give_the_f32_expansions_outputs_bit_for_bit() {
         );
     }
 }
+
+/// An untied embedding of a GGUF file is read in place from the file's map, a row per token
+/// (none of it held in memory), and gives, bit for bit, what the table held packed gives (the
+/// same file read from bytes, which has no file to map); a tied one is the head's, held.
+#[test]
+fn an_untied_embedding_is_read_in_place_from_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    for storage in [GgufStorage::Q4_0, GgufStorage::Q8_0, GgufStorage::F16] {
+        for tied in [false, true] {
+            let config = config(tied);
+            let bytes = llama_gguf_as(&config, &random_weights(&config, 23), storage);
+            let path = dir.path().join(format!("{storage:?}-{tied}.gguf"));
+            std::fs::write(&path, &bytes).unwrap();
+            let from_file = load(&path, WeightPrecision::Auto);
+            let gguf = GgufModel::from_bytes(&path, &bytes).unwrap();
+            let held = Model::<B>::load_with(
+                &gguf.config(true).unwrap(),
+                &gguf,
+                WeightPrecision::Auto,
+                &Default::default(),
+                &mut |_, _| {},
+            )
+            .unwrap();
+            let what = format!("{storage:?} (tied: {tied})");
+            assert_same_bits(&run(&from_file), &run(&held), &what);
+            assert_eq!(held.mapped_weight_bytes(), 0, "{what}");
+            if tied {
+                assert_eq!(from_file.mapped_weight_bytes(), 0, "{what}");
+                assert_eq!(from_file.weight_bytes(), held.weight_bytes(), "{what}");
+                continue;
+            }
+            let table = gguf.header().tensors["token_embd.weight"].range.len();
+            assert_eq!(from_file.mapped_weight_bytes(), table, "{what}");
+            assert!(
+                from_file.weight_bytes() + table / 2 < held.weight_bytes(),
+                "{what}: {} bytes held beside the map, {} without one",
+                from_file.weight_bytes(),
+                held.weight_bytes()
+            );
+        }
+    }
+}

@@ -9,7 +9,8 @@
 //!   Q/K row permutation undone), the model's config from its metadata, and its tokenizer as a
 //!   HuggingFace `tokenizer.json` (byte-level BPE and SentencePiece vocabularies);
 //! - [`weights`]: safetensors folders and GGUF files behind one trait, handing out tensors by
-//!   HF name as f32 or as the file's blocks ([`BlockTensor`]), with a loader that makes a
+//!   HF name as f32, as the file's blocks ([`BlockTensor`]) or read in place from the file's
+//!   map a row at a time ([`MappedRows`]: an untied embedding), with a loader that makes a
 //!   missing, misshapen or unused tensor an error naming it;
 //! - [`config`]: a HuggingFace `config.json` and the check that kvb can serve it (decoder-only,
 //!   positions through RoPE alone, the Llama block layout).
@@ -31,8 +32,10 @@ mod block_tensor;
 pub mod config;
 pub mod error;
 pub mod gguf;
+mod mapped_rows;
 pub mod weights;
 
 pub use block_tensor::BlockTensor;
 pub use config::{Family, ModelConfig, RopeScaling};
 pub use error::{FileError, Result};
+pub use mapped_rows::MappedRows;

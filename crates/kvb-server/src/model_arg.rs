@@ -70,9 +70,10 @@ pub fn load_engine<B: ModelBackend>(
     let fingerprint =
         model_fingerprint(path, m.format, m.model.config(), m.model.weight_precision())
             .context("fingerprinting the model")?;
+    let (held, mapped) = (m.model.weight_bytes(), m.model.mapped_weight_bytes());
     eprintln!(
-        "weights: {:.0} MB ({}{}{}{})",
-        m.model.weight_bytes() as f64 / 1e6,
+        "weights: {:.0} MB ({}{}{}{}{})",
+        held as f64 / 1e6,
         match m.model.weight_precision() {
             WeightPrecision::Auto if B::runs_packed_weights() => "as stored",
             // A GPU backend multiplies dense tensors: GGUF blocks are expanded at load.
@@ -94,18 +95,25 @@ pub fn load_engine<B: ModelBackend>(
             Some(file)
                 if m.model.weight_precision() == WeightPrecision::Auto
                     && B::runs_packed_weights()
-                    && m.model.weight_bytes() as f64 > 1.05 * file as f64 =>
+                    && (held + mapped) as f64 > 1.05 * file as f64 =>
             {
                 format!(
                     "; the file's matrices: {:.0} MB, held at {:.2}x: Q5_0 and Q5_1 \
                      blocks are widened, exactly, into cells kvb's kernels read \
                      (docs/models.md)",
                     file as f64 / 1e6,
-                    m.model.weight_bytes() as f64 / file as f64
+                    (held + mapped) as f64 / file as f64
                 )
             }
             Some(file) => format!("; the file's matrices: {:.0} MB", file as f64 / 1e6),
             None => String::new(),
+        },
+        match mapped {
+            0 => String::new(),
+            _ => format!(
+                "; of them, the untied embedding's {:.0} MB read in place from the file",
+                mapped as f64 / 1e6
+            ),
         }
     );
     let explicit = config.max_pool_bytes.is_some();

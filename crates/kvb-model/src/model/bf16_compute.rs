@@ -86,6 +86,17 @@ impl<B: ModelBackend> Embedding<B> {
                 }
             },
             Embedding::IntDot(_) => return Err(not_with_q8_activations()),
+            // Rounded rows cannot be read in place: the table is expanded.
+            Embedding::Mapped(m) => {
+                let rows: Vec<f32> = (0..m.rows())
+                    .flat_map(|r| m.row(r).into_iter().flatten())
+                    .map(bf16)
+                    .collect();
+                Embedding::Dense(Tensor::from_data(
+                    TensorData::new(rows, [m.rows(), m.cols()]),
+                    kvb_attn::float_on::<B>(device),
+                ))
+            }
         })
     }
 }

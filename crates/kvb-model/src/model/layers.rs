@@ -10,6 +10,7 @@ use burn::tensor::activation::{gelu, gelu_approximate, silu};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 use kvb_attn::{float_on, host_work};
+use kvb_modelfile::MappedRows;
 use std::sync::Arc;
 
 /// `y = x W + b` with `W` `[in, out]`: contiguous, or the transposed view of PyTorch's
@@ -189,6 +190,9 @@ pub enum Embedding<B: ModelBackend> {
     Packed(Arc<PackedMatrix>),
     /// `[hidden, vocab]` laid out for 8-bit activation products (shared with a tied LM head).
     IntDot(Arc<IntDotMatrix>),
+    /// `[vocab, hidden]` read in place from the model file's map, a row per looked-up token (an
+    /// untied table: only the rows a request touches are read, into the shared page cache).
+    Mapped(MappedRows),
 }
 
 impl<B: ModelBackend> Embedding<B> {
@@ -232,15 +236,31 @@ impl<B: ModelBackend> Embedding<B> {
                 let rows: Vec<f32> = tokens.iter().flat_map(|&t| p.column(t as usize)).collect();
                 Tensor::from_data(TensorData::new(rows, [n, p.k()]), float_on::<B>(device))
             }
+            Embedding::Mapped(m) => {
+                let rows: Vec<f32> = tokens
+                    .iter()
+                    .flat_map(|&t| m.row(t as usize).into_iter().flatten())
+                    .collect();
+                Tensor::from_data(TensorData::new(rows, [n, m.cols()]), float_on::<B>(device))
+            }
         }
     }
 
-    /// Bytes the table holds.
+    /// Bytes the table holds of its own (none for a mapped table: [`Self::mapped_bytes`]).
     pub fn bytes(&self) -> usize {
         match self {
             Embedding::Dense(t) => t.shape().num_elements() * t.dtype().size(),
             Embedding::Packed(p) => p.bytes(),
             Embedding::IntDot(p) => p.bytes(),
+            Embedding::Mapped(_) => 0,
+        }
+    }
+
+    /// Bytes of the model file the table is read from in place.
+    pub fn mapped_bytes(&self) -> usize {
+        match self {
+            Embedding::Mapped(m) => m.mapped_bytes(),
+            _ => 0,
         }
     }
 }

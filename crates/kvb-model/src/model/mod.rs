@@ -122,13 +122,24 @@ impl<B: ModelBackend> Model<B> {
         let total = c.num_layers + 2;
 
         let linear = |parts, bias| precision::linear::<B>(parts, bias, precision, device);
-        let embed = loader.take_stored("model.embed_tokens.weight", &[c.vocab_size, h])?;
-        let (embed, tied_head) = precision::embedding_and_tied_head::<B>(
-            embed,
-            c.tie_word_embeddings,
-            precision,
-            device,
-        )?;
+        let embed_name = "model.embed_tokens.weight";
+        // An untied table kept as stored is read in place on the CPU: a request reads a few rows.
+        let in_place = !c.tie_word_embeddings
+            && precision == WeightPrecision::Auto
+            && B::runs_packed_weights();
+        let mapped = match in_place {
+            true => loader.take_mapped(embed_name, &[c.vocab_size, h])?,
+            false => None,
+        };
+        let (embed, tied_head) = match mapped {
+            Some(rows) => (Embedding::Mapped(rows), None),
+            None => precision::embedding_and_tied_head::<B>(
+                loader.take_stored(embed_name, &[c.vocab_size, h])?,
+                c.tie_word_embeddings,
+                precision,
+                device,
+            )?,
+        };
         let lm_head = match tied_head {
             Some(head) => head,
             None => linear(
@@ -256,8 +267,14 @@ impl<B: ModelBackend> Model<B> {
         })
     }
 
-    /// Bytes the weights hold (projections and embedding; an embedding shared with the LM head
-    /// counted once).
+    /// Bytes of the model file read in place rather than held (an untied embedding, see
+    /// [`Embedding::Mapped`]); not in [`Self::weight_bytes`].
+    pub fn mapped_weight_bytes(&self) -> usize {
+        self.embed.mapped_bytes()
+    }
+
+    /// Bytes the weights hold in memory of their own (projections and embedding; an embedding
+    /// shared with the LM head counted once; a table read from the file's map not at all).
     pub fn weight_bytes(&self) -> usize {
         let blocks: usize = self
             .blocks

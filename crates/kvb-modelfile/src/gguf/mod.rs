@@ -14,11 +14,12 @@ pub use parse::{GgmlType, GgufHeader, GgufValue, TensorInfo};
 use crate::config::ModelConfig;
 use crate::error::{FileError, Result};
 use crate::weights::{HostTensor, StoredTensor, TensorSource};
-use crate::BlockTensor;
+use crate::{BlockTensor, MappedRows};
 use memmap2::Mmap;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::Path;
+use std::sync::Arc;
 
 /// The tensor of per-frequency RoPE divisors (part of the configuration, not a weight).
 const ROPE_FREQS: &str = "rope_freqs.weight";
@@ -26,7 +27,7 @@ const ROPE_FREQS: &str = "rope_freqs.weight";
 /// A memory-mapped GGUF model file.
 pub struct GgufModel {
     header: GgufHeader,
-    mmap: Mmap,
+    mmap: Arc<Mmap>,
     /// Whether the map is of a file (whose pages can be given back and read again).
     file_backed: bool,
     /// The GGUF `general.architecture` (e.g. `llama`).
@@ -74,7 +75,7 @@ impl GgufModel {
             .collect();
         Ok(GgufModel {
             header,
-            mmap,
+            mmap: Arc::new(mmap),
             file_backed: false,
             arch,
             hf_to_gguf,
@@ -170,6 +171,29 @@ impl TensorSource for GgufModel {
             shape: info.shape.clone(),
             data: self.unpermute(g, &info.shape, data)?,
         })
+    }
+
+    /// A 2-d tensor of a mapped file, read in place, where its rows are the file's as they are
+    /// (not q/k, whose rows llama.cpp permutes) and its type one a model keeps as stored.
+    fn read_mapped(&self, name: &str) -> Result<Option<MappedRows>> {
+        let (info, g) = self.info(name)?;
+        let permuted = self.arch == "llama" && (g.contains("attn_q.") || g.contains("attn_k."));
+        if !self.file_backed
+            || permuted
+            || info.shape.len() != 2
+            || !BlockTensor::packable(info.ggml_type)
+        {
+            return Ok(None);
+        }
+        let (rows, cols) = (info.shape[0], info.shape[1]);
+        let rows = MappedRows::new(
+            self.mmap.clone(),
+            info.range.clone(),
+            info.ggml_type,
+            rows,
+            cols,
+        )?;
+        Ok(Some(rows))
     }
 
     /// A 2-d quantized tensor as its blocks (rows in the HF order), anything else as f32.

@@ -2,6 +2,7 @@
 
 use super::{HostTensor, StoredTensor, TensorSource};
 use crate::error::{FileError, Result};
+use crate::MappedRows;
 use std::cell::RefCell;
 use std::collections::BTreeSet;
 
@@ -37,6 +38,17 @@ impl<'a> WeightLoader<'a> {
         let t = self.source.read(name)?;
         self.taken.borrow_mut().insert(name.to_string());
         Ok(t)
+    }
+
+    /// `name`, which must have exactly `shape`, read in place from the source's map where it
+    /// can be ([`TensorSource::read_mapped`]); `None` (and `name` not taken) elsewhere.
+    pub fn take_mapped(&self, name: &str, shape: &[usize]) -> Result<Option<MappedRows>> {
+        self.check_shape(name, shape)?;
+        let rows = self.source.read_mapped(name)?;
+        if rows.is_some() {
+            self.taken.borrow_mut().insert(name.to_string());
+        }
+        Ok(rows)
     }
 
     /// Reads `name`, which must have exactly `shape`, as the source stores it (see

@@ -12,7 +12,7 @@ pub use loader::WeightLoader;
 pub use safetensors_dir::SafetensorsDir;
 
 use crate::error::Result;
-use crate::BlockTensor;
+use crate::{BlockTensor, MappedRows};
 use memmap2::{Mmap, MmapMut};
 
 /// A tensor on the host: row-major f32 values and their shape.
@@ -36,6 +36,12 @@ pub trait TensorSource {
     /// as f32.
     fn read_stored(&self, name: &str) -> Result<StoredTensor> {
         self.read(name).map(StoredTensor::F32)
+    }
+    /// `name` read in place from a mapped file, a row at a time, where the source can (a GGUF
+    /// file's tensor whose rows are stored as the model reads them); `None` elsewhere.
+    fn read_mapped(&self, name: &str) -> Result<Option<MappedRows>> {
+        let _ = name;
+        Ok(None)
     }
 }
 
