@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// [`packed_matrix`]'s formats worth timing, by name.
-const FORMATS: [(usize, &str); 13] = [
+const FORMATS: [(usize, &str); 15] = [
     (5, "Q4_K"),
     (6, "Q5_K"),
     (2, "Q6_K"),
@@ -28,6 +28,8 @@ const FORMATS: [(usize, &str); 13] = [
     (8, "Q4_0"),
     (14, "IQ4_NL"),
     (1, "Q4_1"),
+    (15, "Q5_0"),
+    (9, "Q5_1"),
     (4, "F16"),
 ];
 

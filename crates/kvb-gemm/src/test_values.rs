@@ -8,10 +8,9 @@ pub fn spread(i: usize, seed: u32, scale: f32) -> f32 {
 
 /// Formats [`packed_matrix`] builds: 0 Q8_0 (quantized from f32: f32 scales), 1 Q4_1, 2 Q6_K,
 /// 3 bf16, 4 f16, 5 Q4_K, 6 Q5_K, 7 Q8_0 and 8 Q4_0 blocks as a file holds them (f16 scales),
-/// 10 Q2_K, 11 IQ4_XS, 12 Q3_K and 14 IQ4_NL (their own cells), and the blocks kept in other
-/// types' cells: 9 Q5_1 (8-bit cells, f16 scales and offsets) and 13 Q3_K columns beside Q6_K
-/// ones (one projection in Q6_K cells).
-pub const FORMATS: usize = 15;
+/// 10 Q2_K, 11 IQ4_XS, 12 Q3_K, 14 IQ4_NL, 9 Q5_1 and 15 Q5_0 (their own cells), and 13 Q3_K
+/// columns beside Q6_K ones (one projection in Q6_K cells).
+pub const FORMATS: usize = 16;
 
 /// A packed `[k, n]` weight of one of [`FORMATS`] formats with deterministic values, and its
 /// `k`: `blocks_per_row` cells of 32 rows (K-quants: rounded up to whole 256-weight blocks).
@@ -110,6 +109,16 @@ pub fn packed_matrix(
                 bytes.extend((0..20).map(|i| byte(b * 20 + i)));
             }
             blocks(GgmlType::Q5_1, bytes)
+        }
+        (15, _) => {
+            // A Q5_0 block (scale of either sign, fifth bits, nibbles) per 32 weights.
+            let mut bytes = Vec::new();
+            for b in 0..n * k / CELL_ROWS {
+                let sign = if b % 4 == 2 { -1.0 } else { 1.0 };
+                bytes.extend(f16(sign * (0.005 + (b % 6) as f32 * 0.001)));
+                bytes.extend((0..20).map(|i| byte(b * 20 + i)));
+            }
+            blocks(GgmlType::Q5_0, bytes)
         }
         (13, _) => {
             // The first half of the columns Q3_K, the rest Q6_K.

@@ -98,9 +98,9 @@ pub fn load_engine<B: ModelBackend>(
                     && (held + mapped) as f64 > 1.05 * file as f64 =>
             {
                 format!(
-                    "; the file's matrices: {:.0} MB, held at {:.2}x: Q5_0 and Q5_1 \
-                     blocks are widened, exactly, into cells kvb's kernels read \
-                     (docs/models.md)",
+                    "; the file's matrices: {:.0} MB, held at {:.2}x: some blocks are held \
+                     wider, exactly (Q5_0 and Q5_1 as bytes for 8-bit activations, parts \
+                     that must share a projection's cells; docs/models.md)",
                     file as f64 / 1e6,
                     (held + mapped) as f64 / file as f64
                 )

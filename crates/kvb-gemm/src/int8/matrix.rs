@@ -124,7 +124,8 @@ impl IntDotMatrix {
     fn empty(p: &PackedMatrix) -> Self {
         let (nibbles, scales) = match p.cell_values() {
             CellValues::Nibbles(s) => (true, s),
-            CellValues::Bytes(s) => (false, s),
+            // 5-bit values as bytes, as they were held before their own cells (the same bits).
+            CellValues::Bytes(s) | CellValues::FiveBits(s) => (false, s),
             // Its table's entries are 8-bit values.
             CellValues::Iq4Nl => (false, Scales::HalfOnly),
             other => unreachable!("{other:?} cells are K-quants' or floats, not taken"),

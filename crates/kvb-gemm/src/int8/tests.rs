@@ -9,11 +9,11 @@ use std::sync::Arc;
 /// The integer formats [`packed_matrix`] builds: 0 Q8_0 quantized here (8-bit, f32 scales, no
 /// offsets), 1 Q4_1 (4-bit, f16 scales and offsets), 7 Q8_0 and 8 Q4_0 (f16 scales; Q4_0's
 /// offsets `-8 d`), and K-quant cells as loaded: 5 Q4_K, 6 Q5_K (5-bit values), 2 Q6_K (6-bit
-/// signed values, 16-row sub-blocks), 11 IQ4_XS (its table's signed values); 9 Q5_1 (8-bit
-/// cells, f16 scales and offsets), 12 Q3_K (3-bit signed values, 16-row sub-blocks), 13 Q3_K
+/// signed values, 16-row sub-blocks), 11 IQ4_XS (its table's signed values); 9 Q5_1 and 15
+/// Q5_0 (5-bit cells re-laid as 8-bit values, f16 scales and Q5_1's offsets), 12 Q3_K (3-bit signed values, 16-row sub-blocks), 13 Q3_K
 /// beside Q6_K (in Q6_K cells), 14 IQ4_NL (its table's entries re-laid as 8-bit values) and
 /// 10 Q2_K (2-bit values with an offset per 16 rows).
-const INTEGER_FORMATS: [usize; 13] = [0, 1, 7, 8, 5, 6, 2, 9, 11, 12, 13, 14, 10];
+const INTEGER_FORMATS: [usize; 14] = [0, 1, 7, 8, 5, 6, 2, 9, 11, 12, 13, 14, 10, 15];
 
 /// The exact product of `a`'s dequantized rows and `w`'s values, in f64.
 fn exact(a: &QuantizedRows, w: &IntDotMatrix) -> Vec<f64> {

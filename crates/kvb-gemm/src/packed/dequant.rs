@@ -23,6 +23,7 @@ pub(super) fn value(values: CellValues, cell: &[u8], r: usize, lane: usize) -> f
             let nibble = (v[r / 2 * GROUP + lane] >> (4 * (r % 2))) & 0x0f;
             (IQ4_VALUES[nibble as usize] as f32, Scales::HalfOnly)
         }
+        CellValues::FiveBits(s) => (super::five_bits::value(s, v, r, lane) as f32, s),
         CellValues::Bytes(s) => (v[r * GROUP + lane] as i8 as f32, s),
         CellValues::Bf16 => return half::bf16::from_le_bytes(half()).to_f32(),
         CellValues::F16 => return half::f16::from_le_bytes(half()).to_f32(),
@@ -142,6 +143,7 @@ fn portable(values: CellValues, rows: usize, cell: &[u8], out: &mut [f32], strid
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
     use super::{CellValues, Scales, GROUP, IQ4_VALUES};
+    use crate::packed::five_bits;
     use std::arch::x86_64::*;
 
     /// The table entries the low and the high nibbles of the 8 bytes at `p` index (two rows of
@@ -244,8 +246,23 @@ pub(crate) mod avx2 {
             }
             return;
         }
+        if let CellValues::FiveBits(scales) = values {
+            let (scale, offset) = head(scales, p);
+            let signed = five_bits::signed(scales);
+            for r8 in (0..rows).step_by(8) {
+                let runs = five_bits::avx2::run_bytes(v, r8, signed);
+                for (half, run) in runs.into_iter().enumerate() {
+                    for (i, q) in five_bits::avx2::quarters(run).into_iter().enumerate() {
+                        let q = _mm256_cvtepi32_ps(five_bits::avx2::widen(q, signed));
+                        let w = _mm256_fmadd_ps(scale, q, offset);
+                        _mm256_storeu_ps(out.add((r8 + 2 * i + half) * stride), w);
+                    }
+                }
+            }
+            return;
+        }
         let (CellValues::Nibbles(scales) | CellValues::Bytes(scales)) = values else {
-            unreachable!("16-bit, IQ4_NL and K-quant cells returned above")
+            unreachable!("16-bit, 5-bit, IQ4_NL and K-quant cells returned above")
         };
         let (scale, offset) = head(scales, p);
         match values {
@@ -278,6 +295,7 @@ pub(crate) mod avx2 {
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512 {
     use super::{CellValues, Scales, GROUP};
+    use crate::packed::five_bits;
     use std::arch::x86_64::*;
 
     /// The scales and offsets of the heads at `a` (low 8 lanes) and `b`, as
@@ -299,6 +317,17 @@ pub(crate) mod avx512 {
                 (d, _mm512_mul_ps(_mm512_set1_ps(-8.0), d))
             }
             Scales::HalfOnly => (halves(0), _mm512_set1_ps(-0.0)),
+        }
+    }
+
+    /// 16 bytes widened to i32 lanes, as signed values or not.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn widen16(q: __m128i, signed: bool) -> __m512i {
+        if signed {
+            _mm512_cvtepi8_epi32(q)
+        } else {
+            _mm512_cvtepu8_epi32(q)
         }
     }
 
@@ -388,8 +417,26 @@ pub(crate) mod avx512 {
             }
             return;
         }
+        if let CellValues::FiveBits(scales) = values {
+            let (scale, offset) = head_pair(scales, a, b);
+            let signed = five_bits::signed(scales);
+            for r8 in (0..rows).step_by(8) {
+                let runs_a = five_bits::avx2::run_bytes(a.add(head), r8, signed);
+                let runs_b = five_bits::avx2::run_bytes(b.add(head), r8, signed);
+                for half in 0..2 {
+                    let qa = five_bits::avx2::quarters(runs_a[half]);
+                    let qb = five_bits::avx2::quarters(runs_b[half]);
+                    for i in 0..4 {
+                        let q = widen16(_mm_unpacklo_epi64(qa[i], qb[i]), signed);
+                        let w = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(q), offset);
+                        _mm512_storeu_ps(out.add((r8 + 2 * i + half) * stride), w);
+                    }
+                }
+            }
+            return;
+        }
         let (CellValues::Nibbles(scales) | CellValues::Bytes(scales)) = values else {
-            unreachable!("16-bit, IQ4_NL and K-quant cells returned above")
+            unreachable!("16-bit, 5-bit, IQ4_NL and K-quant cells returned above")
         };
         let (scale, offset) = head_pair(scales, a, b);
         if let CellValues::Nibbles(_) = values {

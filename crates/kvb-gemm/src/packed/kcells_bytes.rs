@@ -73,7 +73,9 @@ struct Tables {
 }
 
 impl Tables {
-    const fn of(q6: bool) -> Tables {
+    /// Q6_K's tables, or Q5_K's with its values less `centre` (16 for Q5_0's 5-bit cells,
+    /// [`super::five_bits`], whose nibbles and fifth bits are laid out as Q5_K's).
+    const fn of(q6: bool, centre: i8) -> Tables {
         // Rotations of 64 bits: each byte's wanted bits move inside the byte (rotating by 62
         // moves them right by 2).
         let (even, odd): ([u64; 4], [u64; 4]) = if q6 {
@@ -99,7 +101,7 @@ impl Tables {
             t.values[j] = if q6 {
                 (j as i8 - 32) as u8
             } else {
-                (j % 32) as u8
+                ((j % 32) as i8 - centre) as u8
             };
             let k = j / 4;
             let mut p = 0;
@@ -119,8 +121,9 @@ impl Tables {
     }
 }
 
-static Q5K_TABLES: Tables = Tables::of(false);
-static Q6K_TABLES: Tables = Tables::of(true);
+static Q5K_TABLES: Tables = Tables::of(false, 0);
+static Q6K_TABLES: Tables = Tables::of(true, 0);
+static Q5_0_TABLES: Tables = Tables::of(false, 16);
 
 /// [`Tables`] in registers (loaded once per cell).
 pub(crate) struct Constants {
@@ -144,6 +147,24 @@ impl Constants {
         } else {
             &Q5K_TABLES
         };
+        Self::load(t)
+    }
+
+    /// The constants of 5-bit cells ([`super::five_bits`]), Q5_0's (`signed`) or Q5_1's: Q5_K's
+    /// runs, with Q5_0's values less 16. [`run`] takes them with kind Q5_K and
+    /// [`super::five_bits::layout`].
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn five_bits(signed: bool) -> Constants {
+        Self::load(if signed { &Q5_0_TABLES } else { &Q5K_TABLES })
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load(t: &Tables) -> Constants {
         let load = |p: *const u8| _mm512_load_si512(p as *const _);
         Constants {
             spread_high: load(t.spread_high.as_ptr()),

@@ -4,15 +4,14 @@
 //! A decode step or a warm request multiplies a few rows by every weight of the model, so its
 //! cost is the bytes of weights streamed: f32 weights stream 32 bits per weight, a GGUF's Q4_K
 //! 4.5. [`PackedMatrix`] keeps a GGUF's K-quant blocks (Q2_K to Q6_K) and IQ4_XS blocks at the
-//! file's bits per weight (within 4%: [`kcells`]), its Q4_0, Q4_1, Q8_0 and IQ4_NL blocks at
-//! the file's bits too (4.5, 5, 8.5 and 4.5: their f16 scales kept, [`Scales`]; a fused
+//! file's bits per weight (within 4%: [`kcells`]), its Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL
+//! blocks at the file's bits too (4.5, 5, 5.5, 6, 8.5 and 4.5: their f16 scales kept,
+//! [`Scales`]; 5-bit values in [`five_bits`]' cells; a fused
 //! projection mixing such formats widens its scales to f32), f16 and bf16 tensors (a GGUF's or
 //! a safetensors folder's) at 16 bits, and can round f32 weights to 8 bits
 //! ([`PackedMatrix::quantize_q8_0`]) or to bf16 ([`PackedMatrix::round_to_bf16`]).
 //! Block types with no cells of their own are widened, exactly, into cells that hold their
-//! values: Q3_K beside Q6_K in one projection into Q6_K's, Q5_0 into 8-bit cells with the
-//! file's f16 scales, Q5_1 with its f16 scales and offsets
-//! (`tests::widened_32_weight_blocks_take_8_bit_cells`). One projection of two K-quant types
+//! values: Q3_K beside Q6_K in one projection into Q6_K's. One projection of two K-quant types
 //! (given to [`PackedMatrix::from_blocks`] together) takes Q6_K's cells for Q3_K beside Q6_K,
 //! else 4- or 8-bit cells with f32 scales.
 //!
@@ -42,16 +41,17 @@
 //! widens them to one cell type that holds them all.
 
 mod dequant;
+pub(crate) mod five_bits;
 pub(crate) mod kcells;
 #[cfg(target_arch = "x86_64")]
-mod kcells_bytes;
+pub(crate) mod kcells_bytes;
 mod pages;
 pub(crate) use pages::Pages;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) use dequant::avx2::{head, head_lanes, iq4_rows, widen_floats};
 #[cfg(target_arch = "x86_64")]
-pub(crate) use dequant::avx512::{bytes16, head_pair, widen_pair};
+pub(crate) use dequant::avx512::{bytes16, head_pair, widen16, widen_pair};
 #[cfg(target_arch = "x86_64")]
 pub(crate) use dequant::{prefetch_cell, AHEAD};
 
@@ -170,6 +170,9 @@ pub enum CellValues {
     /// IQ4_NL blocks at the file's bits: [`CellValues::Nibbles`] with the file's f16 scales,
     /// each nibble an index into IQ4's table (`d * table[q]`).
     Iq4Nl,
+    /// Q5_0 and Q5_1 blocks at the file's bits: [`CellValues::Nibbles`] with a plane of fifth
+    /// bits ([`five_bits`]); Q5_0's (with [`Scales::HalfOnly`]) are `q - 16`.
+    FiveBits(Scales),
     /// Signed 8-bit values.
     Bytes(Scales),
     /// bf16 values (the top half of an f32), no scale.
@@ -253,7 +256,9 @@ impl CellValues {
     /// Bytes before a cell's values: the scales and offsets of integer cells.
     pub fn head_bytes(self) -> usize {
         match self {
-            CellValues::Nibbles(s) | CellValues::Bytes(s) => s.head_bytes(),
+            CellValues::Nibbles(s) | CellValues::FiveBits(s) | CellValues::Bytes(s) => {
+                s.head_bytes()
+            }
             CellValues::Iq4Nl => Scales::HalfOnly.head_bytes(),
             CellValues::Bf16 | CellValues::F16 => 0,
             CellValues::Q2K
@@ -269,6 +274,7 @@ impl CellValues {
     pub fn value_bytes(self, rows: usize) -> usize {
         match self {
             CellValues::Nibbles(_) | CellValues::Iq4Nl => rows * GROUP / 2,
+            CellValues::FiveBits(_) => rows * GROUP / 2 + rows * GROUP / 8,
             CellValues::Bytes(_) => rows * GROUP,
             CellValues::Bf16 | CellValues::F16 => rows * GROUP * 2,
             CellValues::Q2K
@@ -303,7 +309,9 @@ impl CellValues {
         {
             // f16 cells, the K-quants' f16 scales and the file's f16 scales widen with F16C.
             let halves = match self {
-                CellValues::Nibbles(s) | CellValues::Bytes(s) => s != Scales::F32,
+                CellValues::Nibbles(s) | CellValues::FiveBits(s) | CellValues::Bytes(s) => {
+                    s != Scales::F32
+                }
                 _ => matches!(self, CellValues::F16 | CellValues::Iq4Nl) || self.is_k_quant(),
             };
             crate::has_fma() && (!halves || crate::cpu().f16c)
@@ -402,8 +410,11 @@ impl PackedMatrix {
             Some(s) if parts.iter().all(|p| p.ggml_type == first.ggml_type) => s,
             _ => Scales::F32,
         };
+        let one_type = parts.iter().all(|p| p.ggml_type == first.ggml_type);
         let values = if parts.iter().all(|p| p.ggml_type == GgmlType::IQ4_NL) {
             CellValues::Iq4Nl
+        } else if one_type && matches!(first.ggml_type, GgmlType::Q5_0 | GgmlType::Q5_1) {
+            CellValues::FiveBits(scales)
         } else if parts.iter().any(|p| blocks::wider_than_4_bits(p.ggml_type)) {
             CellValues::Bytes(scales)
         } else {
@@ -778,7 +789,7 @@ impl PackedMatrix {
             return Some(scales);
         }
         let scales = match self.values {
-            CellValues::Nibbles(s) | CellValues::Bytes(s) => s,
+            CellValues::Nibbles(s) | CellValues::FiveBits(s) | CellValues::Bytes(s) => s,
             CellValues::Iq4Nl => Scales::HalfOnly,
             _ => return None,
         };
@@ -787,6 +798,7 @@ impl PackedMatrix {
             let nibble = || (v[r / 2 * GROUP + lane] >> (4 * (r % 2))) & 0x0f;
             *q = match self.values {
                 CellValues::Nibbles(_) => nibble() as i16,
+                CellValues::FiveBits(s) => five_bits::value(s, v, r, lane) as i16,
                 CellValues::Iq4Nl => IQ4_VALUES[nibble() as usize] as i16,
                 _ => v[r * GROUP + lane] as i8 as i16,
             };
@@ -876,6 +888,7 @@ fn put_float_lane(values: CellValues, cells: &mut [u8], lane: usize, row: &[u8])
 fn put_lane(values: CellValues, cell_rows: usize, cells: &mut [u8], lane: usize, coded: &[Coded]) {
     let (scales, nibbles) = match values {
         CellValues::Nibbles(s) => (s, true),
+        CellValues::FiveBits(s) => (s, false),
         CellValues::Bytes(s) => (s, false),
         CellValues::Iq4Nl => (Scales::HalfOnly, true),
         _ => unreachable!("16-bit and K-quant cells are filled by their own puts"),
@@ -901,7 +914,9 @@ fn put_lane(values: CellValues, cell_rows: usize, cells: &mut [u8], lane: usize,
         debug_assert!(exact, "{scales:?} cannot hold {:?}", run[0]);
         let cell_values = &mut cell[scales.head_bytes()..];
         for (r, w) in run.iter().enumerate() {
-            if nibbles {
+            if let CellValues::FiveBits(s) = values {
+                five_bits::put(s, cell_values, r, lane, w.q);
+            } else if nibbles {
                 cell_values[r / 2 * GROUP + lane] |= nibble(w.q) << (4 * (r % 2));
             } else {
                 cell_values[r * GROUP + lane] = w.q as u8;

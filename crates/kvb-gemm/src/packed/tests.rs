@@ -71,7 +71,12 @@ fn any_type() -> impl Strategy<Value = GgmlType> {
 
 /// Types of 32-weight blocks kept in cells of the file's size.
 fn held_at_file_size() -> impl Strategy<Value = GgmlType> {
-    prop_oneof![file_sized_type(), Just(GgmlType::IQ4_NL)]
+    prop_oneof![
+        file_sized_type(),
+        Just(GgmlType::IQ4_NL),
+        Just(GgmlType::Q5_0),
+        Just(GgmlType::Q5_1)
+    ]
 }
 
 fn any_float_type() -> impl Strategy<Value = GgmlType> {
@@ -342,29 +347,11 @@ proptest! {
             _ => prop_assert!((1.0..1.03).contains(&ratio), "{:?}: {}", t, ratio),
         }
     }
-
-    /// Q5_0 and Q5_1 keep the file's f16 scales (and Q5_1's offsets) in 8-bit cells: 34 and 36
-    /// bytes per 32 weights against the file's 22 and 24.
-    #[test]
-    fn widened_32_weight_blocks_take_8_bit_cells(
-        t in prop_oneof![Just(GgmlType::Q5_0), Just(GgmlType::Q5_1)],
-        groups in 1usize..6, blocks_per_row in 1usize..4,
-    ) {
-        let (rows, cols) = (groups * GROUP, blocks_per_row * CELL_ROWS);
-        let tensor = blocks(t, rows, cols, 13);
-        let packed = PackedMatrix::from_blocks(std::slice::from_ref(&tensor)).unwrap();
-        let (scales, cell) = match t {
-            GgmlType::Q5_1 => (Scales::Half, 36),
-            _ => (Scales::HalfOnly, 34),
-        };
-        prop_assert_eq!(packed.cell_values(), CellValues::Bytes(scales));
-        prop_assert_eq!(packed.bytes(), rows * cols / CELL_ROWS * cell);
-    }
 }
 
 proptest! {
-    /// Q4_0, Q4_1, Q8_0 and IQ4_NL cells keep the file's f16 scales (and Q4_1's f16 offsets):
-    /// for whole groups of 8 columns, exactly the file's bytes.
+    /// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL cells keep the file's f16 scales (and Q4_1's and
+    /// Q5_1's f16 offsets): for whole groups of 8 columns, exactly the file's bytes.
     #[test]
     fn integer_cells_take_the_files_bytes(t in held_at_file_size(), groups in 1usize..6, blocks_per_row in 1usize..4) {
         let (rows, cols) = (groups * GROUP, blocks_per_row * CELL_ROWS);

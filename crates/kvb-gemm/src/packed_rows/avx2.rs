@@ -1,7 +1,7 @@
 //! The 8-lane kernel (AVX2, FMA, F16C): one group of 8 columns per register.
 
 use super::*;
-use crate::packed::{head as cell_head, kcells, prefetch_cell, Scales, AHEAD};
+use crate::packed::{five_bits, head as cell_head, kcells, prefetch_cell, Scales, AHEAD};
 use std::arch::x86_64::*;
 
 /// [`run_groups`] for `m` rows (1 to 7) and `groups` groups (1, 2 or 4), as
@@ -108,6 +108,40 @@ unsafe fn run_groups<const R: usize, const G: usize>(a: &Set) {
                         });
                         multiply_into(&mut acc, &w, |r| xrow(r, 2 * p + half));
                     }
+                }
+            }
+            CellValues::FiveBits(s) => {
+                let (scale, offset) = scales(s);
+                let values = s.head_bytes();
+                // The sign a constant in each copy of the loop, which then keeps to registers.
+                macro_rules! runs {
+                    ($signed:expr) => {
+                        for r8 in (0..rows).step_by(8) {
+                            let mut q = [[[_mm_setzero_si128(); 4]; 2]; G];
+                            for (i, q) in q.iter_mut().enumerate() {
+                                let [even, odd] =
+                                    five_bits::avx2::run_bytes(head[i].add(values), r8, $signed);
+                                *q = [
+                                    five_bits::avx2::quarters(even),
+                                    five_bits::avx2::quarters(odd),
+                                ];
+                            }
+                            for p in 0..4 {
+                                for half in 0..2 {
+                                    let w: [__m256; G] = std::array::from_fn(|i| {
+                                        let q = five_bits::avx2::widen(q[i][half][p], $signed);
+                                        _mm256_fmadd_ps(scale[i], _mm256_cvtepi32_ps(q), offset[i])
+                                    });
+                                    multiply_into(&mut acc, &w, |r| xrow(r, r8 + 2 * p + half));
+                                }
+                            }
+                        }
+                    };
+                }
+                if five_bits::signed(s) {
+                    runs!(true)
+                } else {
+                    runs!(false)
                 }
             }
             CellValues::Bytes(s) => {

@@ -4,7 +4,10 @@
 //! computes what [`super::avx2`] computes for its column, in the same order: the same bits.
 
 use super::*;
-use crate::packed::{bytes16, head_pair, kcells, prefetch_cell, widen_pair, Scales, AHEAD};
+use crate::packed::{
+    bytes16, five_bits, head_pair, kcells, kcells_bytes, prefetch_cell, widen16, widen_pair,
+    Scales, AHEAD,
+};
 use std::arch::x86_64::*;
 
 /// [`run_pairs`] for `m` rows (1 to 16) and `pairs` pairs (1, 2 or 4), as [`super::columns`]
@@ -123,6 +126,81 @@ unsafe fn run_pairs<const R: usize, const P: usize, const BYTES: bool>(a: &Set) 
                             wv[i] = _mm512_fmadd_ps(scale[i], _mm512_cvtepi32_ps(q), offset[i]);
                         }
                         multiply_into(&mut acc, &wv, |r| xrow(r, p));
+                    }
+                }
+            }
+            CellValues::FiveBits(s) => {
+                let mut scale = [_mm512_setzero_ps(); P];
+                let mut offset = [_mm512_setzero_ps(); P];
+                for (i, h) in head.iter().enumerate() {
+                    (scale[i], offset[i]) = head_pair(s, h[0], h[1]);
+                }
+                let values = s.head_bytes();
+                let mut wv = [_mm512_setzero_ps(); P];
+                if BYTES {
+                    // Q5_K's byte permutes: each integer times 2^24, scaled by 2^-24 (exact).
+                    let c = kcells_bytes::Constants::five_bits(five_bits::signed(s));
+                    let at = five_bits::layout(s);
+                    let unscale = _mm512_set1_ps(kcells_bytes::UNSCALE);
+                    for sc in scale.iter_mut() {
+                        *sc = _mm512_mul_ps(*sc, unscale);
+                    }
+                    for r8 in (0..rows).step_by(8) {
+                        let mut runs = [[_mm512_setzero_si512(); 2]; P];
+                        for (run, h) in runs.iter_mut().zip(&head) {
+                            *run = kcells_bytes::run::<{ kcells::KIND_Q5K }>(*h, &at, r8, &c);
+                        }
+                        for p in 0..4 {
+                            for half in 0..2 {
+                                for i in 0..P {
+                                    let q = kcells_bytes::row(runs[i][half], p, &c);
+                                    wv[i] = _mm512_fmadd_ps(scale[i], q, offset[i]);
+                                }
+                                multiply_into(&mut acc, &wv, |r| xrow(r, r8 + 2 * p + half));
+                            }
+                        }
+                    }
+                } else {
+                    // The sign a constant in each copy of the loop, which then keeps to registers.
+                    macro_rules! runs {
+                        ($signed:expr) => {
+                            for r8 in (0..rows).step_by(8) {
+                                // Per pair, each half's rows: the two groups' bytes side by side.
+                                let mut q = [[[_mm_setzero_si128(); 4]; 2]; P];
+                                for (i, h) in head.iter().enumerate() {
+                                    let a =
+                                        five_bits::avx2::run_bytes(h[0].add(values), r8, $signed);
+                                    let b =
+                                        five_bits::avx2::run_bytes(h[1].add(values), r8, $signed);
+                                    for half in 0..2 {
+                                        let (qa, qb) = (
+                                            five_bits::avx2::quarters(a[half]),
+                                            five_bits::avx2::quarters(b[half]),
+                                        );
+                                        for p in 0..4 {
+                                            q[i][half][p] = _mm_unpacklo_epi64(qa[p], qb[p]);
+                                        }
+                                    }
+                                }
+                                for p in 0..4 {
+                                    for half in 0..2 {
+                                        for i in 0..P {
+                                            let w =
+                                                _mm512_cvtepi32_ps(widen16(q[i][half][p], $signed));
+                                            wv[i] = _mm512_fmadd_ps(scale[i], w, offset[i]);
+                                        }
+                                        multiply_into(&mut acc, &wv, |r| {
+                                            xrow(r, r8 + 2 * p + half)
+                                        });
+                                    }
+                                }
+                            }
+                        };
+                    }
+                    if five_bits::signed(s) {
+                        runs!(true)
+                    } else {
+                        runs!(false)
                     }
                 }
             }
