@@ -92,11 +92,7 @@ unsafe fn run_pairs<const R: usize, const P: usize, const BYTES: bool>(a: &Set) 
                     CellValues::Nibbles(s) | CellValues::Bytes(s) => (s, nibble_values),
                     _ => (Scales::HalfOnly, iq4_values),
                 };
-                let mut scale = [_mm512_setzero_ps(); P];
-                let mut offset = [_mm512_setzero_ps(); P];
-                for (i, h) in head.iter().enumerate() {
-                    (scale[i], offset[i]) = head_pair(s, h[0], h[1]);
-                }
+                let (scale, offset) = pair_scales(s, &head);
                 let values = s.head_bytes();
                 let mut wv = [_mm512_setzero_ps(); P];
                 if let CellValues::Nibbles(_) | CellValues::Iq4Nl = a.values {
@@ -130,11 +126,7 @@ unsafe fn run_pairs<const R: usize, const P: usize, const BYTES: bool>(a: &Set) 
                 }
             }
             CellValues::FiveBits(s) => {
-                let mut scale = [_mm512_setzero_ps(); P];
-                let mut offset = [_mm512_setzero_ps(); P];
-                for (i, h) in head.iter().enumerate() {
-                    (scale[i], offset[i]) = head_pair(s, h[0], h[1]);
-                }
+                let (mut scale, offset) = pair_scales(s, &head);
                 let values = s.head_bytes();
                 let mut wv = [_mm512_setzero_ps(); P];
                 if BYTES {
@@ -233,6 +225,21 @@ unsafe fn run_pairs<const R: usize, const P: usize, const BYTES: bool>(a: &Set) 
             }
         }
     }
+}
+
+/// Each pair's 16 scales and offsets, from the heads of its two cells.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn pair_scales<const P: usize>(
+    s: Scales,
+    head: &[[*const u8; 2]; P],
+) -> ([__m512; P], [__m512; P]) {
+    let mut scale = [_mm512_setzero_ps(); P];
+    let mut offset = [_mm512_setzero_ps(); P];
+    for (i, h) in head.iter().enumerate() {
+        (scale[i], offset[i]) = head_pair(s, h[0], h[1]);
+    }
+    (scale, offset)
 }
 
 /// `acc[r][i] += x(r) * w[i]` for every row and pair.
