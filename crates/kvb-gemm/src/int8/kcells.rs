@@ -178,8 +178,7 @@ pub(super) fn portable(
                 let row = r0 + i;
                 let x = &a.q[row * a.k + row0..][..sub];
                 let dx = a.scale[row * blocks + row0 / BLOCK];
-                assert!(row < a.m && row0 + sub <= a.k, "int8 K-quant rows");
-                // SAFETY: inside the rows (asserted).
+                // SAFETY: `x`, the row's `sub` integers from `row0`, was just sliced from them.
                 let sx = unsafe { a.sub_block_scaled_sum(row, row0, sub) };
                 for lane in 0..GROUP {
                     let isum: i32 = q[lane].iter().zip(x).map(|(&q, &x)| q * x as i32).sum();

@@ -61,6 +61,7 @@ pub(crate) fn put(scales: Scales, v: &mut [u8], r: usize, lane: usize, q: i8) {
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
     use super::{GROUP, NIBBLE_BYTES};
+    pub(crate) use crate::packed::kcells::avx2::{quarters, widen_bytes as widen};
     use std::arch::x86_64::*;
 
     /// Rows `r8..r8 + 8` (`r8` a multiple of 8) of a cell's values at `v` as bytes: the even
@@ -71,9 +72,7 @@ pub(crate) mod avx2 {
     pub(crate) unsafe fn run_bytes(v: *const u8, r8: usize, signed: bool) -> [__m256i; 2] {
         let low = _mm256_set1_epi8(0x0f);
         let n = _mm256_loadu_si256(v.add(r8 / 2 * GROUP) as *const __m256i);
-        let h = (v.add(NIBBLE_BYTES + r8) as *const i64).read_unaligned();
-        let even = _mm256_srlv_epi64(_mm256_set1_epi64x(h), _mm256_setr_epi64x(0, 2, 4, 6));
-        let odd = _mm256_srli_epi64::<1>(even);
+        let (even, odd) = crate::packed::kcells::avx2::fifth_bits(v.add(NIBBLE_BYTES + r8));
         [
             join(_mm256_and_si256(n, low), even, signed),
             join(
@@ -96,23 +95,6 @@ pub(crate) mod avx2 {
             _mm256_sub_epi8(q, fifth)
         } else {
             q
-        }
-    }
-
-    /// The four 8-byte rows of a half of [`run_bytes`], each in the low 64 bits.
-    #[inline(always)]
-    pub(crate) unsafe fn quarters(v: __m256i) -> [__m128i; 4] {
-        let (a, b) = (_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-        [a, _mm_unpackhi_epi64(a, a), b, _mm_unpackhi_epi64(b, b)]
-    }
-
-    /// 8 bytes (the low 64 bits of `q`) widened to i32 lanes, as signed values or not.
-    #[inline(always)]
-    pub(crate) unsafe fn widen(q: __m128i, signed: bool) -> __m256i {
-        if signed {
-            _mm256_cvtepi8_epi32(q)
-        } else {
-            _mm256_cvtepu8_epi32(q)
         }
     }
 }

@@ -421,9 +421,8 @@ pub(crate) mod avx2 {
         // Each quarter's even and odd rows' high bits, moved to the bottom of their bytes.
         let (even, odd, top) = match values {
             CellValues::Q5K => {
-                let h = _mm256_set1_epi64x((cell.add(at.high + r8) as *const i64).read_unaligned());
-                let even = _mm256_srlv_epi64(h, _mm256_setr_epi64x(0, 2, 4, 6));
-                (even, _mm256_srli_epi64::<1>(even), 0x10)
+                let (even, odd) = fifth_bits(cell.add(at.high + r8));
+                (even, odd, 0x10)
             }
             CellValues::Q6K => {
                 let pair = _mm_loadu_si128(cell.add(at.high + r8 / 4 * GROUP) as *const __m128i);
@@ -445,6 +444,34 @@ pub(crate) mod avx2 {
         lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16::<4>(even), top));
         hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16::<4>(odd), top));
         [lo, hi]
+    }
+
+    /// A run's fifth bits at `high` (8 bytes: byte `lane`, bit `i` for the run's row `i`, Q5_K's
+    /// plane and Q5_0's and Q5_1's) for its even and its odd rows: bit 0 of byte `lane` of
+    /// quarter `p` holds row `2p`'s (or `2p + 1`'s).
+    #[inline(always)]
+    pub(crate) unsafe fn fifth_bits(high: *const u8) -> (__m256i, __m256i) {
+        let h = _mm256_set1_epi64x((high as *const i64).read_unaligned());
+        let even = _mm256_srlv_epi64(h, _mm256_setr_epi64x(0, 2, 4, 6));
+        (even, _mm256_srli_epi64::<1>(even))
+    }
+
+    /// The four 8-byte rows of a half of [`run_bytes`] (a row per 64-bit quarter), each in the
+    /// low 64 bits.
+    #[inline(always)]
+    pub(crate) unsafe fn quarters(v: __m256i) -> [__m128i; 4] {
+        let (a, b) = (_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+        [a, _mm_unpackhi_epi64(a, a), b, _mm_unpackhi_epi64(b, b)]
+    }
+
+    /// The 8 bytes in the low 64 bits of `q` widened to i32 lanes, as signed values or not.
+    #[inline(always)]
+    pub(crate) unsafe fn widen_bytes(q: __m128i, signed: bool) -> __m256i {
+        if signed {
+            _mm256_cvtepi8_epi32(q)
+        } else {
+            _mm256_cvtepu8_epi32(q)
+        }
     }
 
     /// [`run_bytes`] for a cell of bit pairs (Q2_K's values, Q3_K's low bits): they shift into
@@ -543,28 +570,21 @@ pub(crate) mod avx2 {
                 let r0 = s * at.sub_rows + run * 8;
                 if values != CellValues::Q4K {
                     // Per group, the run's even and odd rows' bytes, a row per 64-bit quarter.
-                    let mut quarters = [[[_mm_setzero_si128(); 4]; 2]; U];
-                    for (i, q) in quarters.iter_mut().enumerate() {
+                    let mut runs = [[[_mm_setzero_si128(); 4]; 2]; U];
+                    for (i, q) in runs.iter_mut().enumerate() {
                         for (half, v) in run_bytes::<K>(cells[i], r0).into_iter().enumerate() {
                             let v = if signed {
                                 _mm256_sub_epi8(v, _mm256_set1_epi8(bias(values) as i8))
                             } else {
                                 v
                             };
-                            let (a, b) =
-                                (_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-                            q[half] = [a, _mm_unpackhi_epi64(a, a), b, _mm_unpackhi_epi64(b, b)];
+                            q[half] = quarters(v);
                         }
                     }
                     for p in 0..4 {
                         for half in 0..2 {
                             let w: [__m256; U] = std::array::from_fn(|i| {
-                                let q = quarters[i][half][p];
-                                let q = if signed {
-                                    _mm256_cvtepi8_epi32(q)
-                                } else {
-                                    _mm256_cvtepu8_epi32(q)
-                                };
+                                let q = widen_bytes(runs[i][half][p], signed);
                                 _mm256_fmadd_ps(scale[i], _mm256_cvtepi32_ps(q), offset[i])
                             });
                             row(r0 + 2 * p + half, &w);
