@@ -4,9 +4,9 @@
 //! same threads, greedy, plain-text prompts. Optional and never in CI: it pip-installs its peers
 //! into a virtual environment of its own (`$KVB_PEERS_DIR`, else `~/.cache/kvb/peers`).
 //!
-//! Every figure is a median over repetitions, each a fresh process (kvb) or a fresh model
-//! (peers), and every comparison is a ratio of two figures of this one run: machines differ,
-//! ratios travel.
+//! Every figure is a median over repetitions, each a fresh process, run in rounds (each round
+//! every engine once: [`in_rounds`]), and every comparison is a ratio of two figures of this one
+//! run: machines differ, ratios travel.
 
 use super::results::median;
 use super::workloads::cut;
@@ -160,6 +160,7 @@ impl Run {
 }
 
 /// Medians of a peer's runs per workload, and its peak resident memory.
+#[derive(Default)]
 pub(super) struct Measured {
     pub(super) runs: BTreeMap<String, Vec<Run>>,
     pub(super) peak_rss_bytes: Vec<f64>,
@@ -172,6 +173,17 @@ pub(super) struct Measured {
 }
 
 impl Measured {
+    /// Adds another repetition's measurements to these.
+    pub(super) fn absorb(&mut self, other: Measured) {
+        for (w, runs) in other.runs {
+            self.runs.entry(w).or_default().extend(runs);
+        }
+        self.peak_rss_bytes.extend(other.peak_rss_bytes);
+        self.load_ms.extend(other.load_ms);
+        self.kv_bytes = self.kv_bytes.or(other.kv_bytes);
+        self.weights = self.weights.or(other.weights);
+    }
+
     pub(super) fn ttft(&self, w: &str) -> Option<f64> {
         let v: Vec<f64> = self.runs.get(w)?.iter().map(|r| r.ttft_ms).collect();
         (!v.is_empty()).then(|| median(&v))
@@ -240,8 +252,32 @@ pub(super) fn venv_python(dir: PathBuf, imports: &str, packages: &[&str]) -> Res
     Ok(python)
 }
 
-/// kvb: one `kvb replay` process per workload and repetition, `threads` threads, with
-/// `--activations activations` where given.
+/// Every engine of `names` measured `reps` times, in rounds: each round runs each engine once, in
+/// order (`measure(engine, round)`), after `before_round(round)`. On a shared host a spell of
+/// load then slows one repetition of every engine, where blocks of one engine's repetitions
+/// put it on one engine alone (bench/results/2026-12-05-peers-llama3.2-1b-q4_k_m-zen4).
+pub(super) fn in_rounds(
+    names: &[String],
+    reps: usize,
+    mut before_round: impl FnMut(usize),
+    mut measure: impl FnMut(usize, usize) -> Result<Measured>,
+) -> Result<Vec<(String, Measured)>> {
+    let mut all: Vec<(String, Measured)> = names
+        .iter()
+        .map(|n| (n.clone(), Measured::default()))
+        .collect();
+    for round in 0..reps {
+        before_round(round);
+        for (engine, (name, m)) in all.iter_mut().enumerate() {
+            eprintln!("bench peers: {name}, round {}/{reps}", round + 1);
+            m.absorb(measure(engine, round)?);
+        }
+    }
+    Ok(all)
+}
+
+/// kvb: one `kvb replay` process per workload, `threads` threads, with `--activations
+/// activations` where given; its outputs named for repetition `round`.
 pub(super) fn run_kvb(
     kvb: &Path,
     gguf: &Path,
@@ -249,14 +285,9 @@ pub(super) fn run_kvb(
     activations: Option<&str>,
     ws: &[Workload],
     raw: &Path,
+    round: usize,
 ) -> Result<Measured> {
-    let mut m = Measured {
-        runs: BTreeMap::new(),
-        peak_rss_bytes: Vec::new(),
-        kv_bytes: None,
-        load_ms: Vec::new(),
-        weights: None,
-    };
+    let mut m = Measured::default();
     let tag = activations.map_or(String::new(), |a| format!("-{a}"));
     for w in ws {
         let requests = raw.join(format!("kvb{tag}-{}.jsonl", w.name));
@@ -271,63 +302,55 @@ pub(super) fn run_kvb(
             })
             .collect();
         std::fs::write(&requests, lines.join("\n") + "\n")?;
-        for rep in 0..o.reps {
-            eprintln!(
-                "bench peers: kvb{tag}, {}, repetition {}/{}",
-                w.name,
-                rep + 1,
-                o.reps
-            );
-            let out = raw.join(format!("kvb{tag}-{}-rep{rep}.out.jsonl", w.name));
-            let mut cmd = Command::new(kvb);
-            cmd.env("RAYON_NUM_THREADS", o.threads.to_string())
-                .args(["replay", "--model"])
-                .arg(gguf)
-                .arg("--requests")
-                .arg(&requests)
-                .arg("--out")
-                .arg(&out);
-            if let Some(a) = activations {
-                cmd.arg("--activations").arg(a);
-            }
-            let started = std::time::Instant::now();
-            let done = cmd
-                .stderr(std::process::Stdio::piped())
-                .output()
-                .with_context(|| format!("starting {cmd:?}"))?;
-            let wall_ms = started.elapsed().as_secs_f64() * 1e3;
-            let stderr = String::from_utf8_lossy(&done.stderr);
-            eprint!("{stderr}");
-            if !done.status.success() {
-                bail!("{cmd:?} failed with {}", done.status);
-            }
-            m.weights = m.weights.or(weights_line(&stderr));
-            let text = std::fs::read_to_string(&out)?;
-            let last: Value = text
-                .lines()
-                .last()
-                .context("kvb replay wrote no result")
-                .and_then(|l| serde_json::from_str(l).context("a kvb replay result line"))?;
-            let run = Run::from_json(&last, "token_ids")
-                .with_context(|| format!("a result in {}", out.display()))?;
-            m.runs.entry(w.name.to_string()).or_default().push(run);
-            m.peak_rss_bytes
-                .push(last["peak_rss_bytes"].as_f64().context("peak_rss_bytes")?);
-            // The process's time before its first request: the load (and its exit, small).
-            if let Some(first) = text
-                .lines()
-                .next()
-                .and_then(|l| serde_json::from_str::<Value>(l).ok())
-            {
-                let served = last["finished_ms"].as_f64().unwrap_or(0.0)
-                    - first["started_ms"].as_f64().unwrap_or(0.0);
-                m.load_ms.push(wall_ms - served);
-            }
-            if w.name == "prefill-2700" || w.name == "prefill-2048" {
-                let pool = &last["pool"];
-                let blocks = pool["peak_blocks_used"].as_f64().unwrap_or(0.0);
-                m.kv_bytes = Some(blocks * pool["block_bytes"].as_f64().unwrap_or(0.0));
-            }
+        let out = raw.join(format!("kvb{tag}-{}-rep{round}.out.jsonl", w.name));
+        let mut cmd = Command::new(kvb);
+        cmd.env("RAYON_NUM_THREADS", o.threads.to_string())
+            .args(["replay", "--model"])
+            .arg(gguf)
+            .arg("--requests")
+            .arg(&requests)
+            .arg("--out")
+            .arg(&out);
+        if let Some(a) = activations {
+            cmd.arg("--activations").arg(a);
+        }
+        let started = std::time::Instant::now();
+        let done = cmd
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .with_context(|| format!("starting {cmd:?}"))?;
+        let wall_ms = started.elapsed().as_secs_f64() * 1e3;
+        let stderr = String::from_utf8_lossy(&done.stderr);
+        eprint!("{stderr}");
+        if !done.status.success() {
+            bail!("{cmd:?} failed with {}", done.status);
+        }
+        m.weights = m.weights.or(weights_line(&stderr));
+        let text = std::fs::read_to_string(&out)?;
+        let last: Value = text
+            .lines()
+            .last()
+            .context("kvb replay wrote no result")
+            .and_then(|l| serde_json::from_str(l).context("a kvb replay result line"))?;
+        let run = Run::from_json(&last, "token_ids")
+            .with_context(|| format!("a result in {}", out.display()))?;
+        m.runs.entry(w.name.to_string()).or_default().push(run);
+        m.peak_rss_bytes
+            .push(last["peak_rss_bytes"].as_f64().context("peak_rss_bytes")?);
+        // The process's time before its first request: the load (and its exit, small).
+        if let Some(first) = text
+            .lines()
+            .next()
+            .and_then(|l| serde_json::from_str::<Value>(l).ok())
+        {
+            let served = last["finished_ms"].as_f64().unwrap_or(0.0)
+                - first["started_ms"].as_f64().unwrap_or(0.0);
+            m.load_ms.push(wall_ms - served);
+        }
+        if w.name == "prefill-2700" || w.name == "prefill-2048" {
+            let pool = &last["pool"];
+            let blocks = pool["peak_blocks_used"].as_f64().unwrap_or(0.0);
+            m.kv_bytes = Some(blocks * pool["block_bytes"].as_f64().unwrap_or(0.0));
         }
     }
     Ok(m)
@@ -349,9 +372,16 @@ pub(super) fn weights_line(stderr: &str) -> Option<(f64, f64)> {
     Some((held, mb("the file's matrices: ").unwrap_or(held)))
 }
 
-/// A peer: one `peers.py` process running every workload `reps` times.
-pub(super) fn run_peer(python: &Path, peer: &str, job: &Path, raw: &Path) -> Result<Measured> {
-    let out = raw.join(format!("{peer}.json"));
+/// A peer through `xtask/peers/peers.py`, once through `job` (whose `reps` is 1), its output
+/// named for repetition `round`.
+pub(super) fn run_peer(
+    python: &Path,
+    peer: &str,
+    job: &Path,
+    raw: &Path,
+    round: usize,
+) -> Result<Measured> {
+    let out = raw.join(format!("{peer}-rep{round}.json"));
     crate::run(
         Command::new(python)
             .arg(Path::new("xtask/peers/peers.py"))
@@ -362,11 +392,8 @@ pub(super) fn run_peer(python: &Path, peer: &str, job: &Path, raw: &Path) -> Res
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&out)?)
         .with_context(|| format!("parsing {}", out.display()))?;
     let mut m = Measured {
-        runs: BTreeMap::new(),
         peak_rss_bytes: v["peak_rss_bytes"].as_f64().into_iter().collect(),
-        kv_bytes: None,
-        load_ms: Vec::new(),
-        weights: None,
+        ..Measured::default()
     };
     for l in v["load_ms"].as_array().into_iter().flatten() {
         m.load_ms.extend(l.as_f64());
@@ -402,7 +429,7 @@ pub fn run(args: &[String], kvb: &Path) -> Result<()> {
     let ws = workloads(Path::new("bench/corpus"))?;
     let job = raw.join("job.json");
     let job_json = json!({
-        "hf_folder": hf, "gguf": gguf, "threads": o.threads, "reps": o.reps, "context": 4096,
+        "hf_folder": hf, "gguf": gguf, "threads": o.threads, "reps": 1, "context": 4096,
         "workloads": ws.iter().map(|w| json!({
             "name": w.name, "warm": w.warm,
             "requests": w.requests.iter().map(|(p, n)| json!({"prompt": p, "max_new_tokens": n})).collect::<Vec<_>>(),
@@ -410,14 +437,18 @@ pub fn run(args: &[String], kvb: &Path) -> Result<()> {
     });
     std::fs::write(&job, serde_json::to_string_pretty(&job_json)?)?;
 
-    let mut measured: Vec<(String, Measured)> = vec![(
-        "kvb".into(),
-        run_kvb(kvb, &gguf, &o, o.activations.as_deref(), &ws, &raw)?,
-    )];
-    for peer in &o.peers {
-        eprintln!("bench peers: {peer} ({} repetitions)", o.reps);
-        measured.push((peer.clone(), run_peer(&python, peer, &job, &raw)?));
-    }
+    let names: Vec<String> = std::iter::once("kvb".to_string())
+        .chain(o.peers.iter().cloned())
+        .collect();
+    let measured = in_rounds(
+        &names,
+        o.reps,
+        |_| {},
+        |engine, round| match engine {
+            0 => run_kvb(kvb, &gguf, &o, o.activations.as_deref(), &ws, &raw, round),
+            _ => run_peer(&python, &names[engine], &job, &raw, round),
+        },
+    )?;
     let gguf_bytes = std::fs::metadata(&gguf)?.len() as f64;
     let md = markdown(&o, &ws, &measured, gguf_bytes);
     std::fs::write(out.join("README.md"), &md)?;
@@ -585,6 +616,59 @@ fn markdown(o: &Options, ws: &[Workload], m: &[(String, Measured)], gguf_bytes: 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rounds_run_every_engine_once_each_in_order_and_keep_round_order() {
+        let names = ["a", "b", "c"].map(String::from);
+        let (mut calls, mut rounds) = (Vec::new(), Vec::new());
+        let all = in_rounds(
+            &names,
+            2,
+            |round| rounds.push(round),
+            |engine, round| {
+                calls.push((engine, round));
+                Ok(Measured {
+                    load_ms: vec![(10 * engine + round) as f64],
+                    ..Measured::default()
+                })
+            },
+        )
+        .unwrap();
+        assert_eq!(rounds, [0, 1]);
+        assert_eq!(calls, [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)]);
+        let loads: Vec<(&str, Vec<f64>)> = all
+            .iter()
+            .map(|(n, m)| (n.as_str(), m.load_ms.clone()))
+            .collect();
+        assert_eq!(
+            loads,
+            [
+                ("a", vec![0.0, 1.0]),
+                ("b", vec![10.0, 11.0]),
+                ("c", vec![20.0, 21.0])
+            ]
+        );
+    }
+
+    #[test]
+    fn a_failed_round_is_an_error() {
+        let names = ["a".to_string()];
+        let r = in_rounds(
+            &names,
+            3,
+            |_| {},
+            |_, round| {
+                if round == 1 {
+                    anyhow::bail!("round {round} failed")
+                }
+                Ok(Measured::default())
+            },
+        );
+        let Err(e) = r else {
+            panic!("a failed round was not an error")
+        };
+        assert!(e.to_string().contains("round 1 failed"), "{e}");
+    }
 
     fn measured(ttft: &[(&str, f64)], decode: f64, peak: f64) -> Measured {
         Measured {

@@ -5,13 +5,16 @@
 //! own quantizer), same file, same threads, in one run: load time, peak resident memory,
 //! weights held, prefill of ~512 and ~2,048 tokens, decode after each, a warm question on the
 //! repeated document, and this machine's streaming read bandwidth with the decode step's
-//! share of it.
+//! share of it. The engines run in rounds with the bandwidth measured before each, and the
+//! report shows each round's decode beside its bandwidth.
 //!
 //! The models are cached outside the clone (`$KVB_SHAPES_DIR`, else `~/.cache/kvb/shapes`),
 //! and the Python that makes them and runs llama.cpp lives in `$KVB_SHAPES_VENV` (else
 //! `~/.cache/kvb/shapes-venv`), pip-installed on first use. Never in CI.
 
-use super::peers::{cache_dir, run_kvb, run_peer, venv_python, Measured, Options, Workload};
+use super::peers::{
+    cache_dir, in_rounds, run_kvb, run_peer, venv_python, Measured, Options, Workload,
+};
 use super::results::median;
 use super::workloads::cut;
 use anyhow::{bail, Context, Result};
@@ -163,7 +166,7 @@ pub fn run(o: &Options, shape: &str, kvb: &Path) -> Result<()> {
     let ws = workloads(Path::new("bench/corpus"))?;
     let job = raw.join("job.json");
     let job_json = json!({
-        "hf_folder": null, "gguf": gguf, "threads": o.threads, "reps": o.reps, "context": 4096,
+        "hf_folder": null, "gguf": gguf, "threads": o.threads, "reps": 1, "context": 4096,
         "workloads": ws.iter().map(|w| json!({
             "name": w.name, "warm": w.warm,
             "requests": w.requests.iter().map(|(p, n)| json!({"prompt": p, "max_new_tokens": n})).collect::<Vec<_>>(),
@@ -171,28 +174,64 @@ pub fn run(o: &Options, shape: &str, kvb: &Path) -> Result<()> {
     });
     std::fs::write(&job, serde_json::to_string_pretty(&job_json)?)?;
 
-    eprintln!(
-        "bench peers: streaming read bandwidth, {} threads",
-        o.threads
-    );
-    let mut bandwidth = vec![read_bandwidth(o.threads, STREAMED)];
-    let mut m: Vec<(String, Measured)> = vec![
-        ("kvb".into(), run_kvb(kvb, &gguf, o, None, &ws, &raw)?),
-        (
-            "kvb q8".into(),
-            run_kvb(kvb, &gguf, o, Some("q8"), &ws, &raw)?,
-        ),
-    ];
-    for peer in ["llama.cpp", "llama.cpp+cache"] {
-        eprintln!("bench peers: {peer} ({} repetitions)", o.reps);
-        m.push((peer.into(), run_peer(&python, peer, &job, &raw)?));
-    }
-    bandwidth.push(read_bandwidth(o.threads, STREAMED));
+    // The bandwidth before each round and after the last: a round that ran on a loaded host
+    // shows beside its figures.
+    let mut bandwidth = Vec::new();
+    let mut measure_bandwidth = || {
+        eprintln!(
+            "bench peers: streaming read bandwidth, {} threads",
+            o.threads
+        );
+        bandwidth.push(read_bandwidth(o.threads, STREAMED));
+    };
+    let names = ["kvb", "kvb q8", "llama.cpp", "llama.cpp+cache"].map(String::from);
+    let m = in_rounds(
+        &names,
+        o.reps,
+        |_| measure_bandwidth(),
+        |engine, round| match engine {
+            0 => run_kvb(kvb, &gguf, o, None, &ws, &raw, round),
+            1 => run_kvb(kvb, &gguf, o, Some("q8"), &ws, &raw, round),
+            _ => run_peer(&python, &names[engine], &job, &raw, round),
+        },
+    )?;
+    measure_bandwidth();
     let file_bytes = std::fs::metadata(&gguf)?.len() as f64;
-    let md = markdown(o, shape, &ws, &m, median(&bandwidth), file_bytes);
+    let md = markdown(o, shape, &ws, &m, &bandwidth, file_bytes);
     std::fs::write(out.join("README.md"), &md)?;
     println!("{md}");
     Ok(())
+}
+
+/// Each round's bandwidth (measured before it) and each engine's decode after ~512 tokens in
+/// it: whether a round ran on a loaded host, and whether the engines' ratio held across rounds.
+fn by_round(m: &[(String, Measured)], rounds_bandwidth: &[f64]) -> String {
+    let mut s = String::from("\nBy round: the streaming read before it, GB/s, and each engine's decode after ~512 tokens, ms/token:\n\n| round | GB/s |");
+    for (name, _) in m {
+        let _ = write!(s, " {name} |");
+    }
+    s += "\n|---:|---:|";
+    s += &"---:|".repeat(m.len());
+    s += "\n";
+    let rounds = m
+        .iter()
+        .map(|(_, e)| e.runs.get("prefill-512").map_or(0, Vec::len))
+        .max()
+        .unwrap_or(0);
+    for round in 0..rounds {
+        let gbs = rounds_bandwidth.get(round).map(|b| b / 1e9);
+        let _ = write!(s, "| {} | {} |", round + 1, cell(gbs, 1));
+        for (_, e) in m {
+            let run = e.runs.get("prefill-512").and_then(|runs| runs.get(round));
+            let _ = write!(
+                s,
+                " {} |",
+                cell(run.and_then(|r| r.decode).map(|r| 1e3 / r), 1)
+            );
+        }
+        s += "\n";
+    }
+    s
 }
 
 fn cell(v: Option<f64>, digits: usize) -> String {
@@ -205,9 +244,10 @@ fn markdown(
     shape: &str,
     ws: &[Workload],
     m: &[(String, Measured)],
-    bandwidth: f64,
+    rounds_bandwidth: &[f64],
     file_bytes: f64,
 ) -> String {
+    let bandwidth = median(rounds_bandwidth);
     let get = |name: &str| m.iter().find(|(n, _)| n == name).map(|(_, m)| m);
     let ms_per_token = |e: &Measured, w: &str| e.decode(w).map(|r| 1e3 / r);
     let tokens = |w: &str| {
@@ -219,8 +259,9 @@ fn markdown(
         "# kvb beside llama.cpp on a {shape}-shaped {} file\n\n`cargo xtask bench peers \
          --model-shape {shape} --quant {}`: a real-shaped model with random weights \
          (`xtask/shapes/make_shape.py`; {:.0} MB), {} threads, greedy, median of {} \
-         repetitions, all in one run. Streaming read bandwidth measured in the same run: \
-         {:.1} GB/s.\n\n",
+         repetitions, all in one run, in rounds (each round runs every engine once). Streaming read \
+         bandwidth measured in the same run (the median of before each round and after the \
+         last): {:.1} GB/s.\n\n",
         o.quant,
         o.quant,
         file_bytes / 1e6,
@@ -272,6 +313,7 @@ fn markdown(
         }
     }
     let _ = ws;
+    s += &by_round(m, rounds_bandwidth);
     s += "\n## Targets (issue 40)\n\n";
     let verdict = |ok: Option<bool>| match ok {
         Some(true) => "met",
