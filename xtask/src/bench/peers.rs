@@ -141,7 +141,7 @@ pub(super) struct Run {
 }
 
 impl Run {
-    fn from_json(v: &Value, ids: &str) -> Result<Run> {
+    pub(super) fn from_json(v: &Value, ids: &str) -> Result<Run> {
         Ok(Run {
             prompt_tokens: v["prompt_tokens"].as_u64().context("prompt_tokens")? as usize,
             ttft_ms: v["ttft_ms"].as_f64().context("ttft_ms")?,

@@ -409,6 +409,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn each_rounds_decode_stands_beside_its_bandwidth() {
+        let engine = |rates: &[f64]| {
+            let mut m = Measured::default();
+            for &r in rates {
+                let v = json!({"prompt_tokens": 521, "ttft_ms": 1.0, "decode_tokens_per_sec": r});
+                let run = super::super::peers::Run::from_json(&v, "tokens").unwrap();
+                m.runs.entry("prefill-512".into()).or_default().push(run);
+            }
+            m
+        };
+        let m = [
+            ("a".to_string(), engine(&[20.0, 40.0])),
+            ("b".to_string(), engine(&[25.0])),
+        ];
+        let s = by_round(&m, &[50e9, 60e9, 55e9]);
+        assert!(s.contains("| round | GB/s | a | b |"), "{s}");
+        assert!(s.contains("| 1 | 50.0 | 50.0 | 40.0 |"), "{s}");
+        assert!(s.contains("| 2 | 60.0 | 25.0 | - |"), "{s}");
+        assert!(!s.contains("| 3 |"), "{s}");
+    }
+
+    #[test]
     fn the_bandwidth_is_a_plausible_rate() {
         let b = read_bandwidth(2, 1 << 24);
         assert!(b > 1e8 && b < 1e13, "{b}");
