@@ -1,6 +1,7 @@
 //! Loading packed weights: a GGUF tensor's blocks re-laid into [`PackedMatrix`] cells, and those
-//! into the 8-bit products' layout ([`IntDotMatrix`]), for a Llama-3.2-1B FFN matrix (2048 x
-//! 8192) in each 32-weight block format. Prints milliseconds (median of `KVB_REPS`, default 7)
+//! into the 8-bit products' layout ([`IntDotMatrix`]; K-quant cells moved into dot order), for
+//! a Llama-3.2-1B FFN matrix (2048 x 8192) in each 32-weight block format and the K-quants
+//! with nibbles. Prints milliseconds (median of `KVB_REPS`, default 7)
 //! and the file's bytes re-laid per second, on all of rayon's threads.
 //!
 //! `cargo bench -p kvb-gemm --bench load`
@@ -53,7 +54,15 @@ fn main() {
     let (k, n) = (2048, 8192);
     println!("| format | packed cells, ms | GB/s | 8-bit layout, ms | GB/s |");
     println!("|---|---:|---:|---:|---:|");
-    for t in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
+    for t in [
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+        GgmlType::IQ4_XS,
+    ] {
         let blocks = tensor(t, n, k);
         let file_gb = blocks.bytes.len() as f64 / 1e9;
         let (mut pack, mut layout) = (Vec::new(), Vec::new());

@@ -15,7 +15,9 @@
 //!   read by `kvb-modelfile`), and [`packed_rows`]: 1 to 16 rows by them (Q2_K and Q3_K: 1 to 7,
 //!   AVX2's kernel), dequantized in registers, the same bits as the f32 products over the
 //!   expanded weight.
-//! - [`int8`]: 8-bit activations by integer weights (VNNI, AVX2, portable: the same bits).
+//! - [`int8`]: 8-bit activations by integer weights (VNNI, AVX2, portable: the same bits); the
+//!   K-quants with nibbles re-laid in the dot products' order ([`packed::CellOrder`], the same
+//!   bytes; `packed::kcells_order`'s tests and `int8`'s `kernels_give_the_definitions_bits`).
 //! - [`strided`]: a product on the calling thread over strided views, for attention tiles.
 //! - [`cpu`]: what the CPU offers, detected once for all of these and kvb-attn's kernels
 //!   (`KVB_CPU_ISA` caps it to measure narrower paths).

@@ -1,6 +1,7 @@
-//! 8-bit activation products over K-quant cells as loaded (Q2_K to Q6_K and IQ4_XS at
-//! the file's bits, [`crate::packed::kcells`]): no second copy of the weights, and the decode
-//! step streams what the file holds.
+//! 8-bit activation products over K-quant cells at the file's bits (Q2_K to Q6_K and IQ4_XS,
+//! [`crate::packed::kcells`]): no second copy of the weights, and the decode step streams what
+//! the file holds. Cells with nibbles (Q4_K, Q5_K, Q6_K, IQ4_XS) are read in the byte dot
+//! products' order ([`crate::packed::kcells_order`]), Q2_K's and Q3_K's as loaded.
 //!
 //! The arithmetic, per output and in this order: starting from zero, for each sub-block `s` of
 //! each cell (32 rows; Q2_K, Q3_K and Q6_K 16), with `b` the activation block holding it,
@@ -17,7 +18,7 @@ use super::products::Kernel;
 use super::{QuantizedRows, BLOCK};
 use crate::few_rows::{column_task_width, in_column_ranges};
 use crate::packed::kcells::{self, parts, Layout, ROWS};
-use crate::packed::{CellValues, PackedMatrix, GROUP};
+use crate::packed::{CellOrder, CellValues, PackedMatrix, GROUP};
 
 /// Rows one kernel call keeps in registers at most (AVX-512's 32 registers: a sum and an
 /// output per row).
@@ -52,6 +53,12 @@ pub(super) fn columns(
         a.k,
         w.k(),
         "int8 matmul: the rows' width is not the weight's"
+    );
+    assert_eq!(
+        w.order(),
+        CellOrder::for_int8(w.cell_values()),
+        "int8 products of {}: cells not in the order they read",
+        w.source()
     );
     let kernel = usable(kernel);
     let (g0, g1) = (j0 / GROUP, (j0 + cols).div_ceil(GROUP));
@@ -169,7 +176,7 @@ pub(super) fn portable(
             let (mut scale, mut offset) = ([0f32; GROUP], [0f32; GROUP]);
             for (lane, q) in q.iter_mut().enumerate() {
                 for (r, q) in q.iter_mut().take(sub).enumerate() {
-                    let (v, sc, off) = parts(values, cell, s * sub + r, lane);
+                    let (v, sc, off) = parts(values, w.order(), cell, s * sub + r, lane);
                     (*q, scale[lane], offset[lane]) = (v, sc, off);
                 }
             }

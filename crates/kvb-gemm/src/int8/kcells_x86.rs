@@ -2,16 +2,16 @@
 //! tile of rows, or with AVX2 (tiles of 4 rows) once per pass of up to 64 rows
 //! ([`decode_group`]; bench/results/2026-11-28-avx2-k-quant-kernels).
 //!
-//! A cell stores row pairs as the nibbles of one byte per lane, 8 lanes side by side
-//! ([`crate::packed::kcells`]; Q3_K's values are first joined in bytes, [`run_bytes`]). Two unpacks (bytes, then 16-bit pairs) turn 32 such bytes,
-//! 8 rows of 8 lanes, into 4 consecutive rows per 32-bit lane, and two 128-bit permutes put
-//! rows 0-3 of the 8 lanes in one register and rows 4-7 in another. Each takes one broadcast
-//! of the row's 4 activation bytes, and one byte dot product adds 4 rows per lane:
-//! AVX-512 VNNI's `vpdpbusd` on 8 lanes, or AVX2's `vpmaddubsw` and `vpmaddwd` (values at
-//! most 63 times bytes at most 127: no pair saturates, and two pairs' sums fit 16 bits).
-//! Q5_K's fifth bits and Q6_K's top pairs shift into place by a variable shift per 64-bit
-//! quarter ([`crate::packed::kcells::avx2::run_bytes`]). The integer sums are exact,
-//! and the float steps are [`super::kcells::portable`]'s, so the bits are the same.
+//! Cells with nibbles (Q4_K, Q5_K, Q6_K, IQ4_XS) are in dot order
+//! ([`crate::packed::kcells_order`]): one load, a mask and a shift give the 8 lanes' rows 0-3,
+//! 4 consecutive rows per 32-bit lane, in one register and rows 4-7 in another ([`dot_run`]).
+//! Q2_K's and Q3_K's bit pairs, in row order, are joined in bytes ([`run_bytes`]) and turned
+//! around by two unpacks and two permutes. Each half takes one broadcast of the row's 4
+//! activation bytes, and one byte dot product adds 4 rows per lane: AVX-512 VNNI's
+//! `vpdpbusd` on 8 lanes (16 in the two-group tile), or AVX2's `vpmaddubsw` and `vpmaddwd`
+//! (values at most 63 times bytes at most 127: no pair saturates, and two pairs' sums fit 16
+//! bits). The integer sums are exact, and the float steps are [`super::kcells::portable`]'s,
+//! so the bits are the same.
 
 use super::kcells::MAX_TILE_ROWS;
 use super::products::Kernel;
@@ -20,7 +20,7 @@ use crate::packed::kcells::avx2::{bytes, run_bytes, sub_ints};
 use crate::packed::kcells::{
     self, of_kind, Layout, KIND_IQ4XS, KIND_Q2K, KIND_Q3K, KIND_Q4K, KIND_Q5K, KIND_Q6K, ROWS,
 };
-use crate::packed::{CellValues, PackedMatrix, GROUP};
+use crate::packed::{CellOrder, CellValues, PackedMatrix, GROUP};
 use std::arch::x86_64::*;
 
 /// Calls `$f::<ROWS, KIND>$args` for `$rows` (one of the literals) and `$values`' kind.
@@ -84,12 +84,17 @@ const AHEAD: usize = 2;
 
 /// One run of 8 rows of a K-quant cell (`r8` a multiple of 8) as the byte dot products take
 /// it: the 8 lanes' rows 0-3, 4 per 32-bit lane, and their rows 4-7 (values as stored,
-/// Q3_K's and Q6_K's unsigned).
+/// Q3_K's and Q6_K's unsigned). Cells in dot order ([`dot_run`]) hold them so; Q2_K's and
+/// Q3_K's, in row order, are turned around.
 ///
 /// # Safety
-/// AVX2 is present; `cell` points at a whole cell of kind `K`.
+/// AVX2 is present; `cell` points at a whole cell of kind `K`, in the order
+/// [`CellOrder::for_int8`] gives.
 #[inline(always)]
 unsafe fn run_of<const K: u8>(cell: *const u8, r8: usize) -> [__m256i; 2] {
+    if matches!(CellOrder::for_int8(of_kind(K)), CellOrder::Dot) {
+        return dot_run::<K>(cell, r8);
+    }
     let [lo, hi] = run_bytes::<K>(cell, r8);
     // Rows (r, r + 1) per 16 bits, then rows r..r + 4 per 32 bits (lanes 0-3 and 4-7 apart),
     // then lanes 0-7 of rows 0-3 and of rows 4-7.
@@ -98,6 +103,53 @@ unsafe fn run_of<const K: u8>(cell: *const u8, r8: usize) -> [__m256i; 2] {
     [
         _mm256_permute2x128_si256::<0x20>(w03, w47),
         _mm256_permute2x128_si256::<0x31>(w03, w47),
+    ]
+}
+
+/// A run of a cell of kind `K` in dot order ([`crate::packed::kcells_order`]): byte `4 j + i`
+/// of its 32 nibble bytes holds lane `j`'s rows `i` (low) and `i + 4` (high), so a mask and a
+/// shift give both halves; Q5_K's fifth bits and Q6_K's top pairs reach their bytes by one
+/// variable shift per 64-bit quarter (quarter `q` holds lanes `2 q` and `2 q + 1`).
+///
+/// # Safety
+/// AVX2 is present; `cell` points at a whole cell of kind `K` in dot order.
+#[inline(always)]
+unsafe fn dot_run<const K: u8>(cell: *const u8, r8: usize) -> [__m256i; 2] {
+    let values = of_kind(K);
+    let at = Layout::of(values);
+    let low = _mm256_set1_epi8(0x0f);
+    let v = _mm256_loadu_si256(cell.add(at.nibbles + r8 / 2 * GROUP) as *const __m256i);
+    let lo = _mm256_and_si256(v, low);
+    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
+    // The high bits of rows 0-3 at bit 0 of their bytes, of rows 4-7 at bit 4.
+    let (high, top) = match values {
+        CellValues::Q5K => {
+            let word = (cell.add(at.high + r8) as *const i64).read_unaligned();
+            let shift = _mm256_setr_epi64x(0, 1, 2, 3);
+            (_mm256_srlv_epi64(_mm256_set1_epi64x(word), shift), 0x10)
+        }
+        CellValues::Q6K => {
+            let pairs = _mm_loadu_si128(cell.add(at.high + r8 / 4 * GROUP) as *const __m128i);
+            let shift = _mm256_setr_epi64x(0, 0, 2, 2);
+            (
+                _mm256_srlv_epi64(_mm256_broadcastsi128_si256(pairs), shift),
+                0x30,
+            )
+        }
+        CellValues::IQ4XS => {
+            let table = _mm_loadu_si128(kcells::IQ4_STORED.as_ptr() as *const __m128i);
+            let table = _mm256_broadcastsi128_si256(table);
+            return [
+                _mm256_shuffle_epi8(table, lo),
+                _mm256_shuffle_epi8(table, hi),
+            ];
+        }
+        _ => return [lo, hi],
+    };
+    let top = _mm256_set1_epi8(top);
+    [
+        _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16::<4>(high), top)),
+        _mm256_or_si256(hi, _mm256_and_si256(high, top)),
     ]
 }
 
@@ -405,13 +457,10 @@ unsafe fn run_vnni_pair<const R: usize, const K: u8>(
     let (k, blocks) = (a.k, a.k / BLOCK);
     let low = _mm512_set1_epi8(0x0f);
     let (fifth, top) = (_mm512_set1_epi8(0x10), _mm512_set1_epi8(0x30));
-    let q5_shift = _mm512_setr_epi64(0, 2, 4, 6, 0, 2, 4, 6);
-    let q6_shift = _mm512_setr_epi64(0, 4, 0, 4, 0, 4, 0, 4);
+    // As [`dot_run`]'s, per 256-bit half.
+    let q5_shift = _mm512_setr_epi64(0, 1, 2, 3, 0, 1, 2, 3);
+    let q6_shift = _mm512_setr_epi64(0, 0, 2, 2, 0, 0, 2, 2);
     let sign = _mm512_set1_epi32(i32::MIN);
-    // 128-bit lanes 0 and 2 of the row-pair interleaves, then lanes 1 and 3 (as 64-bit words):
-    // rows 0-3 and rows 4-7 of each half's 8 columns.
-    let rows03_of = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
-    let rows47_of = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
     let x = a.q.as_ptr().add(r0 * k) as *const u8;
     let mut y = [_mm512_setzero_ps(); R];
     let subs = ROWS / at.sub_rows;
@@ -453,46 +502,37 @@ unsafe fn run_vnni_pair<const R: usize, const K: u8>(
                     _mm256_loadu_si256(ca.add(nib) as *const __m256i),
                     _mm256_loadu_si256(cb.add(nib) as *const __m256i),
                 );
-                let mut lo = _mm512_and_si512(v, low);
-                let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
-                match values {
+                // Cells in dot order, as [`dot_run`] reads them: rows 0-3 of each lane in the
+                // low nibbles, rows 4-7 in the high ones.
+                let mut rows03 = _mm512_and_si512(v, low);
+                let mut rows47 = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
+                let high = match values {
                     CellValues::Q5K => {
                         let word = |p: *const u8| {
                             _mm256_set1_epi64x((p.add(at.high + r8) as *const i64).read_unaligned())
                         };
-                        let hl = _mm512_srlv_epi64(join(word(ca), word(cb)), q5_shift);
-                        let hh = _mm512_srli_epi64::<1>(hl);
-                        lo = _mm512_or_si512(
-                            lo,
-                            _mm512_and_si512(_mm512_slli_epi16::<4>(hl), fifth),
-                        );
-                        hi = _mm512_or_si512(
-                            hi,
-                            _mm512_and_si512(_mm512_slli_epi16::<4>(hh), fifth),
-                        );
+                        Some((_mm512_srlv_epi64(join(word(ca), word(cb)), q5_shift), fifth))
                     }
                     CellValues::Q6K => {
-                        let pair = |p: *const u8| {
-                            _mm256_permute4x64_epi64::<0b01_01_00_00>(_mm256_castsi128_si256(
-                                _mm_loadu_si128(p.add(at.high + r8 / 4 * GROUP) as *const __m128i),
+                        let pairs = |p: *const u8| {
+                            _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                                p.add(at.high + r8 / 4 * GROUP) as *const __m128i,
                             ))
                         };
-                        let hl = _mm512_srlv_epi64(join(pair(ca), pair(cb)), q6_shift);
-                        let hh = _mm512_srli_epi64::<2>(hl);
-                        lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16::<4>(hl), top));
-                        hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_slli_epi16::<4>(hh), top));
+                        Some((_mm512_srlv_epi64(join(pairs(ca), pairs(cb)), q6_shift), top))
                     }
                     CellValues::IQ4XS => {
-                        lo = _mm512_shuffle_epi8(iq4, lo);
-                        hi = _mm512_shuffle_epi8(iq4, hi);
+                        rows03 = _mm512_shuffle_epi8(iq4, rows03);
+                        rows47 = _mm512_shuffle_epi8(iq4, rows47);
+                        None
                     }
-                    _ => {}
+                    _ => None,
+                };
+                if let Some((high, top)) = high {
+                    let low_rows = _mm512_and_si512(_mm512_slli_epi16::<4>(high), top);
+                    rows03 = _mm512_or_si512(rows03, low_rows);
+                    rows47 = _mm512_or_si512(rows47, _mm512_and_si512(high, top));
                 }
-                // As in the 8-lane kernel, per 128-bit lane; then each half's rows 0-3 and 4-7.
-                let (pa, pb) = (_mm512_unpacklo_epi8(lo, hi), _mm512_unpackhi_epi8(lo, hi));
-                let (w03, w47) = (_mm512_unpacklo_epi16(pa, pb), _mm512_unpackhi_epi16(pa, pb));
-                let rows03 = _mm512_permutex2var_epi64(w03, rows03_of, w47);
-                let rows47 = _mm512_permutex2var_epi64(w03, rows47_of, w47);
                 for i in 0..R {
                     let at = x.add(i * k + c * ROWS + r8) as *const i32;
                     let x03 = _mm512_set1_epi32(at.read_unaligned());

@@ -14,11 +14,12 @@
 //! per column would split them). Groups follow one another, so a product reads a range of
 //! columns as two streams, heads and values.
 //!
-//! K-quant cells (Q2_K to Q6_K, IQ4_XS) are not re-laid out: their products read the cells as
-//! loaded, at the file's bits ([`super::kcells`]), and the matrix shares them.
+//! K-quant cells (Q2_K to Q6_K, IQ4_XS) keep their blocks and bits: their products read the
+//! cells ([`super::kcells`]), Q2_K's and Q3_K's shared as loaded, the others' nibbles and high
+//! bits moved into the byte dot products' order ([`PackedMatrix::order`]; the same bytes).
 
 use super::{BLOCK, LANES};
-use crate::packed::{CellValues, PackedMatrix, Pages, Scales, GROUP};
+use crate::packed::{CellOrder, CellValues, PackedMatrix, Pages, Scales, GROUP};
 use rayon::prelude::*;
 use std::sync::Arc;
 
@@ -35,7 +36,8 @@ pub struct IntDotMatrix {
     pub(super) n: usize,
     data: Pages,
     source: &'static str,
-    /// K-quant cells, shared with the packed weight, in place of `data`.
+    /// K-quant cells (in the order the products read, [`CellOrder::for_int8`]) in place of
+    /// `data`.
     pub(super) kcells: Option<Arc<PackedMatrix>>,
 }
 
@@ -61,13 +63,18 @@ impl IntDotMatrix {
         values.is_k_quant() || (values.is_integer() && values.sub_rows(p.cell_rows()) == BLOCK)
     }
 
-    /// `p` re-laid out (K-quant cells: shared as they are), or `None` where
-    /// [`IntDotMatrix::takes`] does not take it.
+    /// `p` re-laid out (K-quant cells: shared as they are where the products read them so, else
+    /// a copy in their order), or `None` where [`IntDotMatrix::takes`] does not take it.
     pub fn from_packed(p: &Arc<PackedMatrix>) -> Option<Self> {
         if !Self::takes(p) {
             return None;
         }
         if p.cell_values().is_k_quant() {
+            if CellOrder::for_int8(p.cell_values()) == CellOrder::Dot {
+                return Some(Self::sharing(Arc::new(
+                    PackedMatrix::clone(p).in_dot_order(),
+                )));
+            }
             return Some(Self::sharing(p.clone()));
         }
         let mut w = Self::empty(p);
@@ -90,6 +97,9 @@ impl IntDotMatrix {
             return Err(p);
         }
         if p.cell_values().is_k_quant() {
+            if CellOrder::for_int8(p.cell_values()) == CellOrder::Dot {
+                return Ok(Self::sharing(Arc::new(p.in_dot_order())));
+            }
             return Ok(Self::sharing(Arc::new(p)));
         }
         let mut w = Self::empty(&p);
@@ -106,7 +116,7 @@ impl IntDotMatrix {
         Ok(w)
     }
 
-    /// The matrix sharing K-quant cells `p` as loaded.
+    /// The matrix holding K-quant cells `p` (in the order its products read).
     fn sharing(p: Arc<PackedMatrix>) -> Self {
         IntDotMatrix {
             nibbles: false,

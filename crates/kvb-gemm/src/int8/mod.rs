@@ -21,8 +21,10 @@
 //!
 //! Weights: every [`crate::packed::PackedMatrix`] of integer cells of 32 rows (Q4_0, Q4_1, Q8_0,
 //! and `--weights q8_0`), re-laid out for `vpdpbusd` ([`IntDotMatrix`]), and K-quant cells
-//! (Q2_K to Q6_K, IQ4_XS) as loaded, at the file's bits ([`kcells`]). Others (16-bit floats,
-//! f32) keep the f32 products.
+//! (Q2_K to Q6_K, IQ4_XS) at the file's bits ([`kcells`]): Q4_K's, Q5_K's, Q6_K's and IQ4_XS's
+//! with their rows' bits moved into `vpdpbusd`'s order at load
+//! ([`crate::packed::CellOrder::Dot`], the same bytes), Q2_K's and Q3_K's as loaded. Others
+//! (16-bit floats, f32) keep the f32 products.
 
 mod kcells;
 mod matrix;

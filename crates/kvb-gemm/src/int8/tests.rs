@@ -2,6 +2,7 @@
 
 use super::products::{columns, matmul_quantized, Kernel};
 use super::{IntDotMatrix, QuantizedRows, BLOCK};
+use crate::packed::CellOrder;
 use crate::test_values::{packed_matrix, spread};
 use proptest::prelude::*;
 use std::sync::Arc;
@@ -160,19 +161,61 @@ fn float_cells_are_declined() {
     }
 }
 
-/// K-quant cells are read as loaded: the 8-bit matrix holds no bytes of its own beside them.
+/// K-quant cells keep the file's bytes: Q2_K's and Q3_K's are shared as loaded, the types with
+/// nibbles are a copy in dot order (as many bytes, moved), and the loaded matrix is let go.
 #[test]
-fn k_quant_cells_are_shared_not_copied() {
-    for format in [5, 6, 2, 12, 13, 10] {
+fn k_quant_cells_keep_their_bytes_shared_or_in_dot_order() {
+    for format in [5, 6, 2, 11, 12, 13, 10] {
         let (packed, _) = packed_matrix(format, 16, 24, 3);
         let packed = Arc::new(packed);
         let w = IntDotMatrix::from_packed(&packed).expect("K-quant cells");
         assert_eq!(w.bytes(), packed.bytes(), "format {format}");
-        assert!(
-            w.kcells.as_ref().is_some_and(|c| Arc::ptr_eq(c, &packed)),
+        let cells = w.kcells.as_ref().expect("K-quant cells");
+        let values = packed.cell_values();
+        assert_eq!(
+            cells.order(),
+            CellOrder::for_int8(values),
             "format {format}"
         );
-        assert_eq!(Arc::strong_count(&packed), 2, "format {format}");
+        if cells.order() == CellOrder::Rows {
+            assert!(Arc::ptr_eq(cells, &packed), "format {format}");
+            assert_eq!(Arc::strong_count(&packed), 2, "format {format}");
+        } else {
+            assert_eq!(packed.order(), CellOrder::Rows, "format {format}");
+            assert_eq!(Arc::strong_count(&packed), 1, "format {format}");
+            // Every group's head is the loaded one; its values moved.
+            let head = crate::packed::kcells::head_bytes(values);
+            let (a, b) = (packed.group_cells(1), cells.group_cells(1));
+            assert_eq!(a[..head], b[..head], "format {format}");
+            assert_ne!(a, b, "format {format}: nothing moved");
+        }
+    }
+}
+
+/// The f32 products and expansions refuse cells in dot order (they read row order), rather
+/// than give other numbers.
+#[test]
+fn f32_products_refuse_cells_in_dot_order() {
+    let (packed, k) = packed_matrix(5, 4, 16, 2);
+    let w = IntDotMatrix::from_packed(&Arc::new(packed)).expect("Q4_K cells");
+    let cells = w.kcells.clone().expect("K-quant cells");
+    let x = vec![0.5f32; k];
+    for (what, product) in [
+        (
+            "f32 products",
+            Box::new(|| drop(crate::packed_rows::matmul(&x, 1, &cells))) as Box<dyn Fn()>,
+        ),
+        ("dequantize_into", Box::new(|| drop(cells.to_dense()))),
+    ] {
+        let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(product));
+        let message = refused.expect_err(what);
+        let message = message
+            .downcast_ref::<String>()
+            .expect("a formatted message");
+        assert!(
+            message.contains("8-bit products' order"),
+            "{what}: {message}"
+        );
     }
 }
 

@@ -3,13 +3,19 @@
 //! with the product exact, or widen a 16-bit float (exact), so they agree bit for bit (see the
 //! parent module).
 
-use super::{kcells, CellValues, Scales, GROUP};
+use super::{kcells, CellOrder, CellValues, Scales, GROUP};
 use kvb_modelfile::gguf::blocks::IQ4_VALUES;
 
-/// Row `r`, lane `lane` of `cell` as f32.
-pub(super) fn value(values: CellValues, cell: &[u8], r: usize, lane: usize) -> f32 {
+/// Row `r`, lane `lane` of `cell` (K-quant cells' bits in `order`) as f32.
+pub(super) fn value(
+    values: CellValues,
+    order: CellOrder,
+    cell: &[u8],
+    r: usize,
+    lane: usize,
+) -> f32 {
     if values.is_k_quant() {
-        let (q, scale, offset) = kcells::parts(values, cell, r, lane);
+        let (q, scale, offset) = kcells::parts(values, order, cell, r, lane);
         return q as f32 * scale + offset;
     }
     let v = &cell[values.head_bytes()..];
@@ -135,7 +141,7 @@ fn portable(values: CellValues, rows: usize, cell: &[u8], out: &mut [f32], strid
     for r in 0..rows {
         let row = &mut out[r * stride..r * stride + GROUP];
         for (l, o) in row.iter_mut().enumerate() {
-            *o = value(values, cell, r, l);
+            *o = value(values, CellOrder::Rows, cell, r, l);
         }
     }
 }

@@ -10,6 +10,9 @@
 //! - Q5_K: the fifth bits, 8 rows per byte (row `r` in bit `r % 8` of byte `r / 8 * 8 + lane`);
 //!   Q6_K: the top two bits, 4 rows per byte (bits `2 (r % 4)` of byte `r / 4 * 8 + lane`).
 //!
+//! The 8-bit products hold Q4_K, Q5_K, Q6_K and IQ4_XS cells with these planes re-laid in
+//! their byte dot products' order ([`super::kcells_order`]; the head as here).
+//!
 //! A Q3_K cell has no nibbles: in their place its low bit pairs, 4 rows per byte as Q6_K's top
 //! pairs, then its third bits, 8 rows per byte as Q5_K's fifth; its sub-block scales are the
 //! file's 6-bit ones less 32, signed bytes as Q6_K's. A Q2_K cell holds only bit pairs, and
@@ -24,6 +27,7 @@
 //! `(q - bias) * (d * sc) + -(dmin * m)`, every product exact in f32, so the vector kernels,
 //! which form `d * sc` in a register, give the same f32.
 
+use super::kcells_order::CellOrder;
 use super::{CellValues, GROUP};
 use kvb_modelfile::gguf::blocks::{KBlock, IQ4_VALUES};
 
@@ -277,15 +281,21 @@ fn put_plane(cell: &mut [u8], at: usize, blocks: &[KBlock], bits: usize, part: i
     }
 }
 
-/// Row `r`, lane `lane` of `cell`: its signed integer, and its sub-block's scale and offset (the
-/// value is `q * scale + offset`, the product exact).
-pub(crate) fn parts(values: CellValues, cell: &[u8], r: usize, lane: usize) -> (i32, f32, f32) {
+/// Row `r`, lane `lane` of `cell` (its bits in `order`): its signed integer, and its
+/// sub-block's scale and offset (the value is `q * scale + offset`, the product exact).
+pub(crate) fn parts(
+    values: CellValues,
+    order: CellOrder,
+    cell: &[u8],
+    r: usize,
+    lane: usize,
+) -> (i32, f32, f32) {
     let at = Layout::of(values);
     let f16 = |o: usize| half::f16::from_le_bytes([cell[o], cell[o + 1]]).to_f32();
-    // Row `r`'s `bits` in the plane at `o` (as [`put_plane`] wrote them).
+    // Row `r`'s `bits` in the plane at `o` (as [`put_plane`] wrote them, or re-laid).
     let plane = |o: usize, bits: usize| {
-        let per_byte = 8 / bits;
-        (cell[o + r / per_byte * GROUP + lane] >> (bits * (r % per_byte))) & ((1u8 << bits) - 1)
+        let (byte, shift) = order.place(bits, r, lane);
+        (cell[o + byte] >> shift) & ((1u8 << bits) - 1)
     };
     let s = r / at.sub_rows;
     let d = f16(lane * 2);

@@ -45,6 +45,7 @@ pub(crate) mod five_bits;
 pub(crate) mod kcells;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod kcells_bytes;
+pub(crate) mod kcells_order;
 mod pages;
 pub(crate) use pages::Pages;
 
@@ -60,6 +61,8 @@ use kvb_modelfile::gguf::GgmlType;
 use kvb_modelfile::{FileError, Result};
 use rayon::prelude::*;
 use std::borrow::Borrow;
+
+pub use kcells_order::CellOrder;
 
 /// Rows of the reduction per cell at most (ggml's block of 32; Q6_K's sub-blocks take 16).
 pub const CELL_ROWS: usize = 32;
@@ -337,6 +340,9 @@ pub struct PackedMatrix {
     data: pages::Pages,
     /// What the values came from, for messages (`q4_1`, `q8_0` ...).
     source: &'static str,
+    /// Where K-quant cells keep their rows' bits: [`CellOrder::Dot`] only in a matrix the
+    /// 8-bit products hold ([`PackedMatrix::in_dot_order`]), which the f32 products refuse.
+    order: CellOrder,
 }
 
 impl std::fmt::Debug for PackedMatrix {
@@ -692,7 +698,45 @@ impl PackedMatrix {
             n,
             data: pages::Pages::zeroed(cells * values.cell_bytes(cell_rows)),
             source,
+            order: CellOrder::Rows,
         }
+    }
+
+    /// Where this matrix's K-quant cells keep their rows' bits.
+    pub fn order(&self) -> CellOrder {
+        self.order
+    }
+
+    /// This matrix of K-quant cells (in row order) with every cell re-laid in the order the
+    /// 8-bit products read ([`CellOrder::for_int8`]; [`kcells_order`]), in place: the same
+    /// bytes and bits, in other places.
+    pub(crate) fn in_dot_order(mut self) -> PackedMatrix {
+        let values = self.values;
+        assert!(
+            values.is_k_quant()
+                && CellOrder::for_int8(values) == CellOrder::Dot
+                && self.order == CellOrder::Rows,
+            "re-laying {:?} cells of {} in dot order",
+            values,
+            self.source
+        );
+        let cell_bytes = self.cell_bytes();
+        self.data
+            .par_chunks_mut(cell_bytes)
+            .for_each(|cell| kcells_order::to_dot_order(values, cell));
+        self.order = CellOrder::Dot;
+        self
+    }
+
+    /// Panics where the cells are in the 8-bit products' order: the f32 products and the
+    /// expansions read row order.
+    fn assert_row_order(&self, what: &str) {
+        assert_eq!(
+            self.order,
+            CellOrder::Rows,
+            "{what} of {}: its cells are in the 8-bit products' order",
+            self.source
+        );
     }
 
     fn cell_bytes(&self) -> usize {
@@ -762,7 +806,7 @@ impl PackedMatrix {
         for c in 0..self.k / rows {
             let at = self.cell_at(g, c);
             let cell = &self.data[at..at + self.cell_bytes()];
-            out.extend((0..rows).map(|r| dequant::value(self.values, cell, r, lane)));
+            out.extend((0..rows).map(|r| dequant::value(self.values, self.order, cell, r, lane)));
         }
         out
     }
@@ -783,7 +827,7 @@ impl PackedMatrix {
         if self.values.is_k_quant() {
             let mut scales = (0.0, 0.0);
             for (r, q) in q.iter_mut().take(RUN).enumerate() {
-                let (v, scale, offset) = kcells::parts(self.values, cell, r0 + r, lane);
+                let (v, scale, offset) = kcells::parts(self.values, self.order, cell, r0 + r, lane);
                 (*q, scales) = (v as i16, (scale, offset));
             }
             return Some(scales);
@@ -826,6 +870,7 @@ impl PackedMatrix {
                 && out.len() >= (c1 - c0) * self.cell_rows * stride,
             "dequantize_into: bounds"
         );
+        self.assert_row_order("dequantize_into");
         let cell_bytes = self.cell_bytes();
         let cells = |g: usize| {
             let from = self.cell_at(g, c0);

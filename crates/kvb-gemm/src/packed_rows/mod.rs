@@ -25,6 +25,12 @@ pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix) -> Option<Vec<f32>> {
 
 /// [`matmul`] with the kernels of `isa` (one this CPU runs).
 fn matmul_with(isa: crate::Isa, x: &[f32], m: usize, w: &PackedMatrix) -> Option<Vec<f32>> {
+    assert_eq!(
+        w.order(),
+        crate::packed::CellOrder::Rows,
+        "f32 products of {}: its cells are in the 8-bit products' order",
+        w.source()
+    );
     #[cfg(target_arch = "x86_64")]
     {
         matmul_by(Kernel::of(isa)?, x, m, w)
