@@ -16,7 +16,7 @@
 use super::kcells::MAX_TILE_ROWS;
 use super::products::Kernel;
 use super::{QuantizedRows, BLOCK};
-use crate::packed::kcells::avx2::{bytes, run_bytes, sub_ints};
+use crate::packed::kcells::avx2::{bytes, iq4_stored, run_bytes, sub_ints};
 use crate::packed::kcells::{
     self, of_kind, Layout, KIND_IQ4XS, KIND_Q2K, KIND_Q3K, KIND_Q4K, KIND_Q5K, KIND_Q6K, ROWS,
 };
@@ -136,14 +136,7 @@ unsafe fn dot_run<const K: u8>(cell: *const u8, r8: usize) -> [__m256i; 2] {
                 0x30,
             )
         }
-        CellValues::IQ4XS => {
-            let table = _mm_loadu_si128(kcells::IQ4_STORED.as_ptr() as *const __m128i);
-            let table = _mm256_broadcastsi128_si256(table);
-            return [
-                _mm256_shuffle_epi8(table, lo),
-                _mm256_shuffle_epi8(table, hi),
-            ];
-        }
+        CellValues::IQ4XS => return iq4_stored([lo, hi]),
         _ => return [lo, hi],
     };
     let top = _mm256_set1_epi8(top);

@@ -440,20 +440,25 @@ pub(crate) mod avx2 {
                 let even = _mm256_srlv_epi64(h, _mm256_setr_epi64x(0, 4, 0, 4));
                 (even, _mm256_srli_epi64::<2>(even), 0x30)
             }
-            CellValues::IQ4XS => {
-                let table = _mm_loadu_si128(IQ4_STORED.as_ptr() as *const __m128i);
-                let table = _mm256_broadcastsi128_si256(table);
-                return [
-                    _mm256_shuffle_epi8(table, lo),
-                    _mm256_shuffle_epi8(table, hi),
-                ];
-            }
+            CellValues::IQ4XS => return iq4_stored([lo, hi]),
             _ => return [lo, hi],
         };
         let top = _mm256_set1_epi8(top);
         lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16::<4>(even), top));
         hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16::<4>(odd), top));
         [lo, hi]
+    }
+
+    /// IQ4_XS's nibbles in `nibbles` (a byte each) as the table's entries plus 128
+    /// ([`IQ4_STORED`]).
+    ///
+    /// # Safety
+    /// AVX2 is present.
+    #[inline(always)]
+    pub(crate) unsafe fn iq4_stored(nibbles: [__m256i; 2]) -> [__m256i; 2] {
+        let table = _mm_loadu_si128(IQ4_STORED.as_ptr() as *const __m128i);
+        let table = _mm256_broadcastsi128_si256(table);
+        nibbles.map(|n| _mm256_shuffle_epi8(table, n))
     }
 
     /// A run's fifth bits at `high` (8 bytes: byte `lane`, bit `i` for the run's row `i`, Q5_K's
