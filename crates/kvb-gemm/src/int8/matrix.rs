@@ -71,9 +71,7 @@ impl IntDotMatrix {
         }
         if p.cell_values().is_k_quant() {
             if CellOrder::for_int8(p.cell_values()) == CellOrder::Dot {
-                return Some(Self::sharing(Arc::new(
-                    PackedMatrix::clone(p).in_dot_order(),
-                )));
+                return Some(Self::sharing(Arc::new(p.dot_order_copy())));
             }
             return Some(Self::sharing(p.clone()));
         }

@@ -2,7 +2,7 @@
 
 use super::products::{columns, matmul_quantized, Kernel};
 use super::{IntDotMatrix, QuantizedRows, BLOCK};
-use crate::packed::CellOrder;
+use crate::packed::{CellOrder, PackedMatrix};
 use crate::test_values::{packed_matrix, spread};
 use proptest::prelude::*;
 use std::sync::Arc;
@@ -188,6 +188,15 @@ fn k_quant_cells_keep_their_bytes_shared_or_in_dot_order() {
             let (a, b) = (packed.group_cells(1), cells.group_cells(1));
             assert_eq!(a[..head], b[..head], "format {format}");
             assert_ne!(a, b, "format {format}: nothing moved");
+            // The one-pass copy re-lays as the loaded matrix re-laid in place does.
+            let in_place = PackedMatrix::clone(&packed).in_dot_order();
+            for g in 0..packed.n().div_ceil(crate::packed::GROUP) {
+                assert_eq!(
+                    cells.group_cells(g),
+                    in_place.group_cells(g),
+                    "format {format}, group {g}"
+                );
+            }
         }
     }
 }

@@ -88,41 +88,125 @@ pub(crate) fn to_dot_order(values: CellValues, cell: &mut [u8]) {
 }
 
 /// One plane of `bits` per row (a whole cell's) re-laid from row order into dot order, run by
-/// run, through the places [`CellOrder::place`] gives (the same for every run).
+/// run. Both orders number a run's bits by the bits of (row, lane, bit), each in its own
+/// place, so dot order moves whole index bits: the 1- and 2-bit planes take a few swaps of
+/// index bits a 64-bit word ([`IndexSwaps`]); nibbles go through [`NIBBLE_MOVES`].
 fn plane_to_dot_order(bits: usize, plane: &mut [u8]) {
-    let span = 8 * GROUP * bits / 8;
-    let mask = (1u8 << bits) - 1;
-    let moves = match bits {
-        1 => &MOVES[0],
-        2 => &MOVES[1],
-        _ => &MOVES[2],
-    };
-    let mut rows = [0u8; 32];
-    for run in plane.chunks_exact_mut(span) {
-        rows[..span].copy_from_slice(run);
-        run.fill(0);
-        for &[from, from_shift, to, to_shift] in moves {
-            run[to as usize] |= ((rows[from as usize] >> from_shift) & mask) << to_shift;
+    match bits {
+        1 => {
+            for run in plane.chunks_exact_mut(8) {
+                let word = u64::from_le_bytes(run.try_into().expect("8 bytes"));
+                run.copy_from_slice(&FIFTH_BITS.apply(word).to_le_bytes());
+            }
+        }
+        2 => {
+            for run in plane.chunks_exact_mut(16) {
+                let (lo, hi) = run.split_at_mut(8);
+                let (a, b) = top_pairs_halves(
+                    u64::from_le_bytes((&*lo).try_into().expect("8 bytes")),
+                    u64::from_le_bytes((&*hi).try_into().expect("8 bytes")),
+                );
+                lo.copy_from_slice(&TOP_PAIRS.apply(a).to_le_bytes());
+                hi.copy_from_slice(&TOP_PAIRS.apply(b).to_le_bytes());
+            }
+        }
+        _ => {
+            let mut rows = [0u8; 32];
+            for run in plane.chunks_exact_mut(32) {
+                rows.copy_from_slice(run);
+                run.fill(0);
+                for &[from, from_shift, to, to_shift] in &NIBBLE_MOVES {
+                    run[to as usize] |= ((rows[from as usize] >> from_shift) & 0x0f) << to_shift;
+                }
+            }
         }
     }
 }
 
-/// For 1, 2 and 4 bits a row: each of a run's 64 rows and lanes as (byte, shift) in row order,
-/// then in dot order.
-const MOVES: [[[u8; 4]; 64]; 3] = {
-    let mut all = [[[0u8; 4]; 64]; 3];
-    let mut b = 0;
-    while b < 3 {
-        let bits = 1 << b;
-        let mut e = 0;
-        while e < 64 {
-            let (r, lane) = (e / GROUP, e % GROUP);
-            let (from, from_shift) = CellOrder::Rows.place(bits, r, lane);
-            let (to, to_shift) = CellOrder::Dot.place(bits, r, lane);
-            all[b][e] = [from as u8, from_shift as u8, to as u8, to_shift as u8];
-            e += 1;
+/// A permutation of a 64-bit word that moves whole bits of the index: the bit at index `x`
+/// goes to the index whose bit `to[j]` is bit `j` of `x`. Done as swaps of two index bits,
+/// each a delta swap (a mask and a shift); unused swaps have an empty mask.
+struct IndexSwaps([(u64, u32); 6]);
+
+impl IndexSwaps {
+    const fn new(to: [usize; 6]) -> IndexSwaps {
+        // `at[j]`: where index bit `j` of the source sits after the swaps so far.
+        let mut at = [0, 1, 2, 3, 4, 5];
+        let mut swaps = [(0u64, 0u32); 6];
+        let mut n = 0;
+        let mut p = 0;
+        while p < 6 {
+            let mut j = 0;
+            while to[j] != p {
+                j += 1;
+            }
+            let c = at[j];
+            if c != p {
+                let (a, b) = if c < p { (c, p) } else { (p, c) };
+                // Bits whose index has bit a set and bit b clear trade places with those
+                // 2^b - 2^a above them, which have the reverse.
+                let mut mask = 0u64;
+                let mut x = 0;
+                while x < 64 {
+                    if (x >> a) & 1 == 1 && (x >> b) & 1 == 0 {
+                        mask |= 1 << x;
+                    }
+                    x += 1;
+                }
+                swaps[n] = (mask, (1 << b) - (1 << a));
+                n += 1;
+                let mut k = 0;
+                while at[k] != p {
+                    k += 1;
+                }
+                at[k] = c;
+                at[j] = p;
+            }
+            p += 1;
         }
-        b += 1;
+        IndexSwaps(swaps)
+    }
+
+    #[inline]
+    fn apply(&self, mut word: u64) -> u64 {
+        for &(mask, shift) in &self.0 {
+            let t = ((word >> shift) ^ word) & mask;
+            word ^= t ^ (t << shift);
+        }
+        word
+    }
+}
+
+/// Q5_K's fifth bits, a run a word: index bits (row 0-2, lane 0-2) in row order go to
+/// (lane 1, lane 2, row 2, row 0, row 1, lane 0) in dot order.
+const FIFTH_BITS: IndexSwaps = IndexSwaps::new([3, 4, 2, 5, 0, 1]);
+
+/// Q6_K's top pairs, a run two words: index bits (bit, row 0, row 1, lane 0-2, row 2) in row
+/// order go to (bit, lane 2, row 2, row 0, row 1, lane 0, lane 1) in dot order. The word
+/// (index bit 6) is row 2's in row order and lane 1's in dot order: [`top_pairs_halves`]
+/// swaps index bits 6 and 4 across the two words, then each word moves as this says.
+const TOP_PAIRS: IndexSwaps = IndexSwaps::new([0, 3, 4, 5, 2, 1]);
+
+/// A run of top pairs' two words with index bits 6 and 4 swapped: the low word's bits with
+/// bit 4 set trade places with the high word's 16 below them.
+#[inline]
+fn top_pairs_halves(lo: u64, hi: u64) -> (u64, u64) {
+    const BIT4_CLEAR: u64 = 0x0000_ffff_0000_ffff;
+    let t = ((lo >> 16) ^ hi) & BIT4_CLEAR;
+    (lo ^ (t << 16), hi ^ t)
+}
+
+/// Each of a run's 64 nibbles (rows and lanes) as (byte, shift) in row order, then in dot
+/// order.
+const NIBBLE_MOVES: [[u8; 4]; 64] = {
+    let mut all = [[0u8; 4]; 64];
+    let mut e = 0;
+    while e < 64 {
+        let (r, lane) = (e / GROUP, e % GROUP);
+        let (from, from_shift) = CellOrder::Rows.place(4, r, lane);
+        let (to, to_shift) = CellOrder::Dot.place(4, r, lane);
+        all[e] = [from as u8, from_shift as u8, to as u8, to_shift as u8];
+        e += 1;
     }
     all
 };

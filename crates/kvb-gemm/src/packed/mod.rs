@@ -711,21 +711,47 @@ impl PackedMatrix {
     /// 8-bit products read ([`CellOrder::for_int8`]; [`kcells_order`]), in place: the same
     /// bytes and bits, in other places.
     pub(crate) fn in_dot_order(mut self) -> PackedMatrix {
-        let values = self.values;
-        assert!(
-            values.is_k_quant()
-                && CellOrder::for_int8(values) == CellOrder::Dot
-                && self.order == CellOrder::Rows,
-            "re-laying {:?} cells of {} in dot order",
-            values,
-            self.source
-        );
-        let cell_bytes = self.cell_bytes();
+        self.assert_dot_order_takes();
+        let (values, cell_bytes) = (self.values, self.cell_bytes());
         self.data
             .par_chunks_mut(cell_bytes)
             .for_each(|cell| kcells_order::to_dot_order(values, cell));
         self.order = CellOrder::Dot;
         self
+    }
+
+    /// [`PackedMatrix::in_dot_order`] of a copy of this matrix, in one pass: each cell is
+    /// re-laid by the thread that copies it, while it is in that core's cache.
+    pub(crate) fn dot_order_copy(&self) -> PackedMatrix {
+        self.assert_dot_order_takes();
+        let (values, cell_bytes) = (self.values, self.cell_bytes());
+        let mut data = pages::Pages::zeroed(self.data.len());
+        data.par_chunks_mut(cell_bytes)
+            .zip(self.data.par_chunks(cell_bytes))
+            .for_each(|(cell, loaded)| {
+                cell.copy_from_slice(loaded);
+                kcells_order::to_dot_order(values, cell)
+            });
+        PackedMatrix {
+            values,
+            cell_rows: self.cell_rows,
+            k: self.k,
+            n: self.n,
+            data,
+            source: self.source,
+            order: CellOrder::Dot,
+        }
+    }
+
+    fn assert_dot_order_takes(&self) {
+        assert!(
+            self.values.is_k_quant()
+                && CellOrder::for_int8(self.values) == CellOrder::Dot
+                && self.order == CellOrder::Rows,
+            "re-laying {:?} cells of {} in dot order",
+            self.values,
+            self.source
+        );
     }
 
     /// Panics where the cells are in the 8-bit products' order: the f32 products and the
