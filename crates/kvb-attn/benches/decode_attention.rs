@@ -4,6 +4,10 @@
 //! (9 q heads over 3 kv heads, head_dim 64, 30 layers), one decode row, 16-token blocks; the pool
 //! in f32 and in f16 (half the bytes; kvb-model's CPU pool holds f16 bits in a `u16` array).
 //!
+//! `KVB_ATTN_SHAPE=layers,q_heads,kv_heads,head_dim,block_size` takes another model's shapes:
+//! `24,32,32,64,32` is SmolLM2-1.7B's (no grouping: each key serves one query head),
+//! `16,32,8,64,32` Llama-3.2-1B's.
+//!
 //! Run with `cargo bench -p kvb-attn --bench decode_attention` (threads: `RAYON_NUM_THREADS`).
 
 use burn::tensor::{Distribution, Tensor, TensorData, TensorPrimitive};
@@ -13,11 +17,18 @@ use rayon::prelude::*;
 use std::time::{Duration, Instant};
 
 type B = NdArray<f32>;
-const LAYERS: usize = 30;
-const Q_HEADS: usize = 9;
-const KV_HEADS: usize = 3;
-const HEAD_DIM: usize = 64;
-const BLOCK: usize = 16;
+
+/// Layers, q heads, kv heads, head_dim and block size: SmolLM2-135M's, or `KVB_ATTN_SHAPE`.
+fn shape() -> [usize; 5] {
+    let Ok(text) = std::env::var("KVB_ATTN_SHAPE") else {
+        return [30, 9, 3, 64, 16];
+    };
+    let v: Vec<usize> = text
+        .split(',')
+        .map(|x| x.trim().parse().expect("KVB_ATTN_SHAPE: five counts"))
+        .collect();
+    v.try_into().expect("KVB_ATTN_SHAPE: five counts")
+}
 
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
@@ -49,18 +60,23 @@ fn stream_rate(data: &[f32]) -> f64 {
 
 fn main() {
     let dev = Default::default();
+    let [layers, q_heads, kv_heads, head_dim, block] = shape();
+    println!(
+        "{layers} layers, {q_heads} q heads over {kv_heads} kv heads, head_dim {head_dim}, \
+         blocks of {block}"
+    );
     for keys in [1_024usize, 2_706] {
-        let blocks = keys.div_ceil(BLOCK);
-        let shape = [KV_HEADS, blocks * BLOCK, HEAD_DIM];
+        let blocks = keys.div_ceil(block);
+        let shape = [kv_heads, blocks * block, head_dim];
         // One pool per layer, as in the model: the whole cache does not fit in any cache level.
-        let pools: Vec<(Tensor<B, 3>, Tensor<B, 3>)> = (0..LAYERS)
+        let pools: Vec<(Tensor<B, 3>, Tensor<B, 3>)> = (0..layers)
             .map(|_| {
                 let k = Tensor::random(shape, Distribution::Normal(0.0, 1.0), &dev);
                 let v = Tensor::random(shape, Distribution::Normal(0.0, 1.0), &dev);
                 (k, v)
             })
             .collect();
-        let q = Tensor::<B, 4>::random([1, Q_HEADS, 1, HEAD_DIM], Distribution::Default, &dev);
+        let q = Tensor::<B, 4>::random([1, q_heads, 1, head_dim], Distribution::Default, &dev);
         let table: Vec<u32> = (0..blocks as u32).collect();
         let last = [keys - 1];
         let seqs = [PagedSeq {
@@ -70,7 +86,7 @@ fn main() {
             decode: true,
         }];
         let batch = PagedBatch {
-            block_size: BLOCK,
+            block_size: block,
             seqs: &seqs,
         };
         // The same values as f16 bits.
@@ -95,7 +111,7 @@ fn main() {
             }
             t.elapsed()
         };
-        let f32_bytes = (2 * LAYERS * KV_HEADS * keys * HEAD_DIM * 4) as f64;
+        let f32_bytes = (2 * layers * kv_heads * keys * head_dim * 4) as f64;
         // Any values will do: the sum only reads them.
         let flat: Vec<f32> = (0..f32_bytes as usize / 4)
             .map(|i| (i % 7) as f32)
@@ -110,7 +126,7 @@ fn main() {
             let t = median((0..25).map(|_| step(pools)).collect());
             let rate = bytes / t.as_secs_f64();
             println!(
-                "{keys:>5} keys, {name} pool: {:.2} ms per step ({LAYERS} layers), K/V read at \
+                "{keys:>5} keys, {name} pool: {:.2} ms per step ({layers} layers), K/V read at \
                  {:.1} GB/s; streaming sum {:.1} GB/s; ratio {:.2}",
                 t.as_secs_f64() * 1e3,
                 rate / 1e9,

@@ -30,6 +30,33 @@ const TILE: usize = 64;
 /// crowd L1); short contexts are unchanged.
 const PREFETCH_AHEAD: usize = 32;
 
+/// Whether the key and value passes ask for blocks ahead ([`PREFETCH_AHEAD`]) for kv heads
+/// read by `group` query heads each. With no grouping (SmolLM2-1.7B's 32 kv heads) each byte of
+/// K/V serves one query: the step is a pure stream, and on Zen 4 (AMD family 0x19 with
+/// AVX-512) the asks crowded its miss buffers, slowing that decode after 2,022 tokens by 10%
+/// and its attention by 1.6x (bench/results/2026-12-05-decode-prefetch); there the hardware
+/// prefetchers keep up alone. Grouped heads keep them (Llama-3.2-1B's decode there was 3%
+/// faster with them, within the noise), as do other CPUs (on Zen 5 they were 10% faster).
+fn prefetches(group: usize) -> bool {
+    static ZEN4: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    group > 1 || !*ZEN4.get_or_init(is_zen4)
+}
+
+/// AMD family 0x19 (Zen 3 and Zen 4) with AVX-512, which Zen 3 lacks.
+fn is_zen4() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::__cpuid;
+        // Leaves 0 (the vendor) and 1 (the family) exist on every x86_64 CPU.
+        let (vendor, signature) = (__cpuid(0), __cpuid(1).eax);
+        let amd = (vendor.ebx, vendor.edx, vendor.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163);
+        let family = ((signature >> 8) & 0xf) + ((signature >> 20) & 0xff);
+        amd && family == 0x19 && std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// One decode row: its index among the query rows, its block table and its last visible slot.
 pub(crate) struct DecodeRow<'a> {
     pub row: usize,
@@ -92,7 +119,7 @@ fn segment<M: DecodeMath>(
     tiles: std::ops::Range<usize>,
     scale: f32,
 ) -> Vec<f32> {
-    let bs = pool.block_size;
+    let (bs, prefetch) = (pool.block_size, prefetches(group));
     let width = d + 2;
     let mut states = vec![0f32; rows.len() * group * width];
     for s in states.chunks_mut(width) {
@@ -122,12 +149,14 @@ fn segment<M: DecodeMath>(
             |key, len, physical, readers| {
                 let keys = unsafe { pool.k.slots((kh, physical, len), d, &mut widened) };
                 // The value pass reads this block's values next.
-                pool.v.prefetch((kh, physical, len), d);
+                if prefetch {
+                    pool.v.prefetch((kh, physical, len), d);
+                }
                 // And a block later, the keys and values `PREFETCH_AHEAD` further on: a long
                 // cache comes from memory, and each block is a page the hardware prefetchers do
                 // not run into.
                 let (ahead, first) = (key + PREFETCH_AHEAD, &rows[readers[0].1]);
-                if ahead <= first.last {
+                if prefetch && ahead <= first.last {
                     let slot = first.blocks[ahead / bs] as usize * bs + ahead % bs;
                     let n = len.min(first.last + 1 - ahead);
                     pool.k.prefetch((kh, slot, n), d);
@@ -177,7 +206,7 @@ fn segment<M: DecodeMath>(
                 let values = unsafe { pool.v.slots((kh, physical, len), d, &mut widened) };
                 // The key pass of the next tile reads these readers' next keys.
                 let (next, first) = (key + TILE, &rows[readers[0].1]);
-                if next <= first.last {
+                if prefetch && next <= first.last {
                     let slot = first.blocks[next / bs] as usize * bs + next % bs;
                     pool.k
                         .prefetch((kh, slot, len.min(first.last + 1 - next)), d);
