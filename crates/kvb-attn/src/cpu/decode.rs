@@ -33,8 +33,8 @@ const PREFETCH_AHEAD: usize = 32;
 /// Whether the key and value passes ask for blocks ahead ([`PREFETCH_AHEAD`]) for kv heads
 /// read by `group` query heads each. With no grouping (SmolLM2-1.7B's 32 kv heads) each byte of
 /// K/V serves one query: the step is a pure stream, and on Zen 4 (AMD family 0x19 with
-/// AVX-512) the asks crowded its miss buffers, slowing that decode after 2,022 tokens by 10%
-/// and its attention by 1.6x (bench/results/2026-12-05-decode-prefetch); there the hardware
+/// AVX-512) the asks crowded its miss buffers: that decode after 2,022 tokens took 16% longer
+/// and its attention 1.6x as long (bench/results/2026-12-05-decode-prefetch); there the hardware
 /// prefetchers keep up alone. Grouped heads keep them (Llama-3.2-1B's decode there was 3%
 /// faster with them, within the noise), as do other CPUs (on Zen 5 they were 10% faster).
 fn prefetches(group: usize) -> bool {
