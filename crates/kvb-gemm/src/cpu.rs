@@ -80,6 +80,9 @@ pub struct CpuFeatures {
     pub avx512vnni: bool,
     /// AVX-512 VBMI: byte permutes.
     pub avx512vbmi: bool,
+    /// The family of an AMD CPU (0x19: Zen 3 and Zen 4; 0x1A: Zen 5), for what is tuned per
+    /// core rather than per instruction set (kvb-attn's decode prefetches).
+    pub amd_family: Option<u32>,
 }
 
 impl CpuFeatures {
@@ -98,6 +101,7 @@ impl CpuFeatures {
                 avx512vl: extension(has!("avx512vl")),
                 avx512vnni: extension(has!("avx512vnni")),
                 avx512vbmi: extension(has!("avx512vbmi")),
+                amd_family: amd_family(),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -108,6 +112,7 @@ impl CpuFeatures {
             avx512vl: false,
             avx512vnni: false,
             avx512vbmi: false,
+            amd_family: None,
         }
     }
 
@@ -118,6 +123,16 @@ impl CpuFeatures {
             .map(CpuFeatures::with_isa)
             .collect()
     }
+}
+
+/// CPUID's family where the vendor is AMD (leaves 0 and 1 exist on every x86_64 CPU).
+#[cfg(target_arch = "x86_64")]
+fn amd_family() -> Option<u32> {
+    use std::arch::x86_64::__cpuid;
+    let vendor = __cpuid(0);
+    let amd = (vendor.ebx, vendor.edx, vendor.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163);
+    let signature = __cpuid(1).eax;
+    amd.then(|| ((signature >> 8) & 0xf) + ((signature >> 20) & 0xff))
 }
 
 /// The features in use, detected once ([`isa`] and what goes with it).

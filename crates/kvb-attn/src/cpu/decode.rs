@@ -38,23 +38,9 @@ const PREFETCH_AHEAD: usize = 32;
 /// prefetchers keep up alone. Grouped heads keep them (Llama-3.2-1B's decode there was 3%
 /// faster with them, within the noise), as do other CPUs (on Zen 5 they were 10% faster).
 fn prefetches(group: usize) -> bool {
-    static ZEN4: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    group > 1 || !*ZEN4.get_or_init(is_zen4)
-}
-
-/// AMD family 0x19 (Zen 3 and Zen 4) with AVX-512, which Zen 3 lacks.
-fn is_zen4() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::__cpuid;
-        // Leaves 0 (the vendor) and 1 (the family) exist on every x86_64 CPU.
-        let (vendor, signature) = (__cpuid(0), __cpuid(1).eax);
-        let amd = (vendor.ebx, vendor.edx, vendor.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163);
-        let family = ((signature >> 8) & 0xf) + ((signature >> 20) & 0xff);
-        amd && family == 0x19 && std::arch::is_x86_feature_detected!("avx512f")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+    let cpu = kvb_gemm::cpu();
+    let zen4 = cpu.amd_family == Some(0x19) && cpu.isa == kvb_gemm::Isa::Avx512;
+    group > 1 || !zen4
 }
 
 /// One decode row: its index among the query rows, its block table and its last visible slot.
