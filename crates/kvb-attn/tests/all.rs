@@ -6,3 +6,4 @@ mod common;
 mod attention_matches_naive;
 mod cube_matches_naive;
 mod paged_matches_naive;
+mod pool_memory;

@@ -129,12 +129,18 @@ impl<B: ModelBackend> Engine<B> {
                 config.block_size
             )));
         }
+        // Made whole where that costs only what is written (the CPU); grown in steps elsewhere.
+        let reserved = if B::pool_reserves_budget() {
+            max_blocks
+        } else {
+            0
+        };
         let pool = KvPool::<B>::with_precision(
             precision,
             c.num_layers,
             shape,
             config.block_size,
-            0,
+            reserved,
             model.device(),
         )?;
         let eos = eos_ids(&c.eos_token_ids, &tokenizer);

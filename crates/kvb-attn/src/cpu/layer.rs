@@ -44,8 +44,8 @@ impl CpuLayer {
     pub fn zeros(shape: [usize; 3], precision: FloatDtype) -> Layer {
         let n = shape.iter().product();
         let data = match precision {
-            FloatDtype::F32 => TensorData::new(vec![0f32; n], shape),
-            FloatDtype::F16 => TensorData::new(vec![0u16; n], shape),
+            FloatDtype::F32 => TensorData::new(no_huge_pages(vec![0f32; n]), shape),
+            FloatDtype::F16 => TensorData::new(no_huge_pages(vec![0u16; n]), shape),
             FloatDtype::Bf16 => {
                 unreachable!("KvPool refuses bf16 on the CPU (holds_pool_precision)")
             }
@@ -116,6 +116,45 @@ impl CpuLayer {
             ran,
         )
     }
+}
+
+/// Whether a large zeroed allocation costs memory only where it is written: on Linux unless
+/// the kernel refuses to overcommit (`vm.overcommit_memory` 2 charges all of it at once), and
+/// on macOS.
+pub(crate) fn lazily_mapped() -> bool {
+    if cfg!(target_os = "linux") {
+        std::fs::read_to_string("/proc/sys/vm/overcommit_memory").map_or(true, |m| m.trim() != "2")
+    } else {
+        cfg!(target_os = "macos")
+    }
+}
+
+/// `values` with transparent huge pages kept off its memory: a layer holds each head's slots
+/// apart, so a sequence's first blocks touch a page in every head's range, and where THP is
+/// `always` each such touch would take 2 MiB instead of 4 KiB.
+fn no_huge_pages<T>(values: Vec<T>) -> Vec<T> {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: sysconf reads a constant.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+        let first = values.as_ptr() as usize;
+        let (start, end) = (
+            first.next_multiple_of(page),
+            (first + std::mem::size_of_val(values.as_slice())) / page * page,
+        );
+        if end > start {
+            // SAFETY: whole pages inside `values`' allocation; the advice changes how the
+            // kernel backs them, not what they hold.
+            unsafe {
+                libc::madvise(
+                    start as *mut libc::c_void,
+                    end - start,
+                    libc::MADV_NOHUGEPAGE,
+                )
+            };
+        }
+    }
+    values
 }
 
 /// A layer's values `[h, slots, d]` contiguous, borrowed for an in-place update.

@@ -151,6 +151,14 @@ impl PoolBackend for NdArray<f32> {
         CpuLayer::zeros(shape, precision)
     }
 
+    /// Where the kernel maps zeroed memory on first write and overcommits (a layer is a
+    /// calloc'd array, mapped fresh at this size): growing instead copied every layer, and glibc
+    /// cleared a reused block whole, so the pool's pages were its capacity, not its use
+    /// (bench/results/2026-12-05-pool-reserve).
+    fn pool_reserves_budget() -> bool {
+        super::layer::lazily_mapped()
+    }
+
     fn pool_grow(pool: Tensor<Self, 3>, slots: usize, precision: FloatDtype) -> Tensor<Self, 3> {
         grow(pool, slots, precision)
     }

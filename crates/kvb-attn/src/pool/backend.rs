@@ -53,6 +53,14 @@ pub trait PoolBackend: Backend {
         Tensor::zeros(shape, crate::float_on::<Self>(device))
     }
 
+    /// Whether a pool should be made at its whole budget of blocks at once instead of grown:
+    /// where [`PoolBackend::pool_zeros`] costs only the memory later written, a pool made whole
+    /// never copies its layers, nor holds old and new at once while it grows. Here no: a device
+    /// buffer is backed when it is allocated.
+    fn pool_reserves_budget() -> bool {
+        false
+    }
+
     /// The pool layer `pool` grown to `slots` slots, keeping its values (new slots zeroed).
     fn pool_grow(pool: Tensor<Self, 3>, slots: usize, precision: FloatDtype) -> Tensor<Self, 3> {
         let [h, old, d] = pool.dims();
