@@ -15,7 +15,7 @@
 //! on which other rows share the step or its group (batch invariance).
 
 use super::decode_math::{DecodeMath, Heads, Portable};
-use super::pool_view::PoolView;
+use super::pool_view::{PoolView, Run};
 use super::view::View;
 use crate::fastmath::fast_exp;
 use rayon::prelude::*;
@@ -113,11 +113,11 @@ fn segment<M: DecodeMath>(
     }
     let mut scores = vec![0f32; rows.len() * group * TILE];
     let mut readers: Vec<(u32, usize)> = Vec::with_capacity(rows.len());
-    // An f16 pool's keys or values of one block run, widened (at most a tile's worth); an f32
-    // pool is read in place and needs none.
+    // An f16 pool's keys or values of one block run, widened (at most a tile's worth) for a
+    // version that does not read f16; an f32 pool is read in place and needs none.
     let mut widened = match pool.k {
-        PoolView::F16(_) => vec![0f32; TILE.min(bs) * d],
-        PoolView::F32(_) => Vec::new(),
+        PoolView::F16(_) if !M::READS_F16 => vec![0f32; TILE.min(bs) * d],
+        _ => Vec::new(),
     };
     // SAFETY (here and at both `slots` calls below): `physical` and the `len` keys after it lie
     // in one block inside the pool (checked by `check_paged`), head_dim contiguous; q is
@@ -133,7 +133,10 @@ fn segment<M: DecodeMath>(
             tile,
             &mut readers,
             |key, len, physical, readers| {
-                let keys = unsafe { pool.k.slots((kh, physical, len), d, &mut widened) };
+                let keys = unsafe {
+                    pool.k
+                        .run((kh, physical, len), d, &mut widened, M::READS_F16)
+                };
                 // The value pass reads this block's values next.
                 if prefetch {
                     pool.v.prefetch((kh, physical, len), d);
@@ -156,7 +159,10 @@ fn segment<M: DecodeMath>(
                         count: group,
                     };
                     let out = &mut scores[r * group * TILE + key - t0..];
-                    M::scores_group(heads, keys, d, scale, out, TILE, visible);
+                    match keys {
+                        Run::F32(k) => M::scores_group(heads, k, d, scale, out, TILE, visible),
+                        Run::F16(k) => M::scores_group_f16(heads, k, d, scale, out, TILE, visible),
+                    }
                 }
             },
         );
@@ -189,7 +195,10 @@ fn segment<M: DecodeMath>(
             tile,
             &mut readers,
             |key, len, physical, readers| {
-                let values = unsafe { pool.v.slots((kh, physical, len), d, &mut widened) };
+                let values = unsafe {
+                    pool.v
+                        .run((kh, physical, len), d, &mut widened, M::READS_F16)
+                };
                 // The key pass of the next tile reads these readers' next keys.
                 let (next, first) = (key + TILE, &rows[readers[0].1]);
                 if prefetch && next <= first.last {
@@ -201,7 +210,14 @@ fn segment<M: DecodeMath>(
                     let visible = (rows[r].last + 1 - key).min(len);
                     let p = &scores[r * group * TILE + key - t0..];
                     let acc = &mut states[r * group * width..];
-                    M::accumulate_group(acc, width, p, TILE, group, values, d, visible);
+                    match values {
+                        Run::F32(v) => {
+                            M::accumulate_group(acc, width, p, TILE, group, v, d, visible)
+                        }
+                        Run::F16(v) => {
+                            M::accumulate_group_f16(acc, width, p, TILE, group, v, d, visible)
+                        }
+                    }
                 }
             },
         );
@@ -242,10 +258,11 @@ pub(crate) fn decode_attention(
     let max_tiles = rows.iter().map(|r| r.last / TILE + 1).max().unwrap_or(0);
     let per_segment = SEGMENT_KEYS / TILE;
     let segments = max_tiles.div_ceil(per_segment);
+    // The vector versions read f16 with F16C, which every CPU with FMA has; checked anyway.
     #[cfg(target_arch = "x86_64")]
-    let avx2 = d % 8 == 0 && kvb_gemm::has_fma();
+    let avx2 = d % 8 == 0 && kvb_gemm::has_fma() && kvb_gemm::cpu().f16c;
     #[cfg(target_arch = "x86_64")]
-    let avx512 = d % 16 == 0 && kvb_gemm::isa() == kvb_gemm::Isa::Avx512;
+    let avx512 = avx2 && d % 16 == 0 && kvb_gemm::isa() == kvb_gemm::Isa::Avx512;
     let per_group = rows.len().div_ceil(row_groups(
         kv_heads * segments,
         rayon::current_num_threads(),

@@ -1,9 +1,10 @@
 //! One layer's K or V in a paged pool, as the kernels read it: f32, or f16.
 //!
 //! An f16 layer is held as its bits ([`super::layer`]); [`super::layer::CpuLayer::view`] gives
-//! this view of either. The kernels compute in f32 either way: an f16 run of keys is widened into a small
-//! scratch tile first (exactly), so the arithmetic after it is the same code on the same values;
-//! what f16 buys is half the bytes read from memory, the cost of a long decode step.
+//! this view of either. The kernels compute in f32 either way: an f16 run of keys is widened
+//! exactly, in the registers that load it (the decode kernel's vector versions, [`Run`]) or into
+//! a small scratch tile first, so the arithmetic after it is the same on the same values; what
+//! f16 buys is half the bytes read from memory, the cost of a long decode step.
 
 use super::view::View;
 use half::f16;
@@ -55,6 +56,27 @@ impl PoolView {
         }
     }
 
+    /// The same slots as [`PoolView::slots`] as a kernel that reads f16 takes them: an f16
+    /// pool's in place when `reads_f16`, else as [`PoolView::slots`] gives them.
+    ///
+    /// # Safety
+    /// As [`PoolView::slots`].
+    #[inline]
+    pub unsafe fn run<'a>(
+        &self,
+        (kh, slot, len): (usize, usize, usize),
+        d: usize,
+        scratch: &'a mut [f32],
+        reads_f16: bool,
+    ) -> Run<'a> {
+        match self {
+            PoolView::F16(v) if reads_f16 => {
+                Run::F16(std::slice::from_raw_parts(v.at([kh, slot, 0]), len * d))
+            }
+            _ => Run::F32(self.slots((kh, slot, len), d, scratch)),
+        }
+    }
+
     /// Copies (f32) or widens (f16) the same slots as [`PoolView::slots`] into `dst`
     /// (`len * d` long).
     ///
@@ -77,6 +99,12 @@ impl PoolView {
             ),
         }
     }
+}
+
+/// A run of pool slots' keys or values, `d` each, as a kernel reads them.
+pub(crate) enum Run<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
 }
 
 impl PoolView {

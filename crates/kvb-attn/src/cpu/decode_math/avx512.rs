@@ -7,20 +7,11 @@
 //! - Value sums run 16 dimensions per register: a lane is one dimension, summed over the keys in
 //!   order, exactly as in 8-lane registers.
 
-use super::avx2::{reduce4, scores3 as scores3_avx2};
+use super::avx2::{reduce4, scores3 as scores3_avx2, Elem};
 use super::{scores_in_threes, sums_in_threes, Avx2, Avx512, DecodeMath};
 use super::{ScoresKernels, SumsKernels};
+use half::f16;
 use std::arch::x86_64::*;
-
-/// 8 f32 at `a` in lanes 0-7 and 8 at `b` in lanes 8-15 (inserted as 4 f64s: an AVX-512F
-/// instruction, where the f32 form needs AVX-512DQ).
-#[inline(always)]
-unsafe fn halves(a: *const f32, b: *const f32) -> __m512 {
-    _mm512_castpd_ps(_mm512_insertf64x4::<1>(
-        _mm512_castpd256_pd512(_mm256_loadu_pd(a as *const f64)),
-        _mm256_loadu_pd(b as *const f64),
-    ))
-}
 
 /// Lanes 0-7 and 8-15 of `v`.
 #[inline(always)]
@@ -33,10 +24,10 @@ unsafe fn split(v: __m512) -> (__m256, __m256) {
 
 /// Scores of `H` (1 to 3) heads against keys, 8 keys per pass in 4 registers of two; the last
 /// `n % 8` keys go through the 8-lane kernel (the same bits).
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn scores3<const H: usize>(
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn scores3<const H: usize, E: Elem>(
     qs: [*const f32; 3],
-    keys: &[f32],
+    keys: &[E],
     d: usize,
     scale: f32,
     out: [*mut f32; 3],
@@ -49,8 +40,9 @@ unsafe fn scores3<const H: usize>(
         let k = kp.add(j * d);
         let mut a = [[_mm512_setzero_ps(); 4]; H];
         for c in (0..d).step_by(8) {
-            let kv: [__m512; 4] =
-                std::array::from_fn(|i| halves(k.add(2 * i * d + c), k.add((2 * i + 1) * d + c)));
+            let kv: [__m512; 4] = std::array::from_fn(|i| {
+                E::halves(k.add(2 * i * d + c), k.add((2 * i + 1) * d + c))
+            });
             for (h, acc) in a.iter_mut().enumerate() {
                 let qv = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd(
                     qs[h].add(c) as *const f64
@@ -69,17 +61,17 @@ unsafe fn scores3<const H: usize>(
     }
     if j < n {
         let rest = out.map(|o| o.add(j));
-        scores3_avx2::<H>(qs, &keys[j * d..], d, scale, rest, n - j);
+        scores3_avx2::<H, E>(qs, &keys[j * d..], d, scale, rest, n - j);
     }
 }
 
 /// Value sums of `H` (1 to 3) heads, `CH` registers of 16 dimensions at a time from lane `c`:
 /// each value row is read once for all the heads.
 #[inline(always)]
-unsafe fn accumulate_chunks<const H: usize, const CH: usize>(
+unsafe fn accumulate_chunks<const H: usize, const CH: usize, E: Elem>(
     acc: [*mut f32; 3],
     p: [*const f32; 3],
-    values: *const f32,
+    values: *const E,
     d: usize,
     n: usize,
     c: usize,
@@ -89,7 +81,7 @@ unsafe fn accumulate_chunks<const H: usize, const CH: usize>(
     for j in 0..n {
         let row = values.add(j * d + c);
         let w: [__m512; H] = std::array::from_fn(|h| _mm512_set1_ps(*p[h].add(j)));
-        let v: [__m512; CH] = std::array::from_fn(|i| _mm512_loadu_ps(row.add(16 * i)));
+        let v: [__m512; CH] = std::array::from_fn(|i| E::load16(row.add(16 * i)));
         for (a, w) in a.iter_mut().zip(&w) {
             for (a, v) in a.iter_mut().zip(&v) {
                 *a = _mm512_fmadd_ps(*w, *v, *a);
@@ -106,20 +98,20 @@ unsafe fn accumulate_chunks<const H: usize, const CH: usize>(
 /// Value sums of `H` (1 to 3) heads over `d` (a multiple of 16) dimensions: 64 at a time (12
 /// accumulators for 3 heads), then 16.
 #[target_feature(enable = "avx512f")]
-unsafe fn accumulate3<const H: usize>(
+unsafe fn accumulate3<const H: usize, E: Elem>(
     acc: [*mut f32; 3],
     p: [*const f32; 3],
-    values: &[f32],
+    values: &[E],
     d: usize,
     n: usize,
 ) {
     let mut c = 0;
     while c + 64 <= d {
-        accumulate_chunks::<H, 4>(acc, p, values.as_ptr(), d, n, c);
+        accumulate_chunks::<H, 4, E>(acc, p, values.as_ptr(), d, n, c);
         c += 64;
     }
     while c < d {
-        accumulate_chunks::<H, 1>(acc, p, values.as_ptr(), d, n, c);
+        accumulate_chunks::<H, 1, E>(acc, p, values.as_ptr(), d, n, c);
         c += 16;
     }
 }
@@ -145,8 +137,8 @@ impl DecodeMath for Avx512 {
         n: usize,
     ) {
         debug_assert!(d.is_multiple_of(16) && keys.len() >= n * d);
-        let kernels: ScoresKernels = [scores3::<1>, scores3::<2>, scores3::<3>];
-        // SAFETY: AVX-512F (and AVX2/FMA) present and d % 16 == 0 (see `decode_attention`); queries, keys
+        let kernels: ScoresKernels = [scores3::<1, f32>, scores3::<2, f32>, scores3::<3, f32>];
+        // SAFETY: AVX-512F (and AVX2/FMA/F16C) present and d % 16 == 0 (see `decode_attention`); queries, keys
         // and outputs lie within what the caller passed (asserted above and by `out_stride`, `n`).
         unsafe { scores_in_threes(kernels, q, keys, d, scale, out, out_stride, n) }
     }
@@ -162,8 +154,49 @@ impl DecodeMath for Avx512 {
         n: usize,
     ) {
         debug_assert!(d.is_multiple_of(16) && values.len() >= n * d);
-        let kernels: SumsKernels = [accumulate3::<1>, accumulate3::<2>, accumulate3::<3>];
+        let kernels: SumsKernels = [
+            accumulate3::<1, f32>,
+            accumulate3::<2, f32>,
+            accumulate3::<3, f32>,
+        ];
         // SAFETY: as above; head `h`'s accumulator and weights lie at `h * stride`.
+        unsafe { sums_in_threes(kernels, acc, acc_stride, p, p_stride, heads, values, d, n) }
+    }
+
+    const READS_F16: bool = true;
+
+    fn scores_group_f16(
+        q: super::Heads,
+        keys: &[f16],
+        d: usize,
+        scale: f32,
+        out: &mut [f32],
+        out_stride: usize,
+        n: usize,
+    ) {
+        debug_assert!(d.is_multiple_of(16) && keys.len() >= n * d);
+        let kernels: ScoresKernels<f16> = [scores3::<1, f16>, scores3::<2, f16>, scores3::<3, f16>];
+        // SAFETY: as in `scores_group`; the CPU has F16C too (see `decode_attention`).
+        unsafe { scores_in_threes(kernels, q, keys, d, scale, out, out_stride, n) }
+    }
+
+    fn accumulate_group_f16(
+        acc: &mut [f32],
+        acc_stride: usize,
+        p: &[f32],
+        p_stride: usize,
+        heads: usize,
+        values: &[f16],
+        d: usize,
+        n: usize,
+    ) {
+        debug_assert!(d.is_multiple_of(16) && values.len() >= n * d);
+        let kernels: SumsKernels<f16> = [
+            accumulate3::<1, f16>,
+            accumulate3::<2, f16>,
+            accumulate3::<3, f16>,
+        ];
+        // SAFETY: as in `accumulate_group`.
         unsafe { sums_in_threes(kernels, acc, acc_stride, p, p_stride, heads, values, d, n) }
     }
 

@@ -9,6 +9,7 @@
 //! version computes the AVX2 bits with 16-lane registers ([`avx512`]).
 
 use crate::fastmath::fast_exp;
+use half::f16;
 
 /// Scores and value sums for one (query, run of keys) at a time.
 pub(crate) trait DecodeMath {
@@ -55,6 +56,43 @@ pub(crate) trait DecodeMath {
                 d,
             );
         }
+    }
+
+    /// Whether this version reads an f16 pool's keys and values where they lie
+    /// ([`DecodeMath::scores_group_f16`], [`DecodeMath::accumulate_group_f16`]); the kernel
+    /// widens them into a scratch tile for the others.
+    const READS_F16: bool = false;
+
+    /// [`DecodeMath::scores_group`] of f16 keys, with the bits of their f32 widening. Here
+    /// widened into a buffer first.
+    fn scores_group_f16(
+        q: Heads,
+        keys: &[f16],
+        d: usize,
+        scale: f32,
+        out: &mut [f32],
+        out_stride: usize,
+        n: usize,
+    ) {
+        let wide: Vec<f32> = keys[..n * d].iter().map(|k| k.to_f32()).collect();
+        Self::scores_group(q, &wide, d, scale, out, out_stride, n)
+    }
+
+    /// [`DecodeMath::accumulate_group`] of f16 values, with the bits of their f32 widening.
+    /// Here widened into a buffer first.
+    #[allow(clippy::too_many_arguments)]
+    fn accumulate_group_f16(
+        acc: &mut [f32],
+        acc_stride: usize,
+        p: &[f32],
+        p_stride: usize,
+        heads: usize,
+        values: &[f16],
+        d: usize,
+        n: usize,
+    ) {
+        let wide: Vec<f32> = values[..n * d].iter().map(|v| v.to_f32()).collect();
+        Self::accumulate_group(acc, acc_stride, p, p_stride, heads, &wide, d, n)
     }
 
     /// The largest of a tile's scores (exact in any order).
@@ -123,11 +161,12 @@ fn tile_exp_sum(scores: &mut [f32], max: f32) -> f32 {
 /// A vector kernel's scores for 1 to 3 heads (one entry per count): queries, keys, `d`, scale,
 /// outputs, keys scored. Three heads' accumulators fit in the registers.
 #[cfg(target_arch = "x86_64")]
-type ScoresKernels = [unsafe fn([*const f32; 3], &[f32], usize, f32, [*mut f32; 3], usize); 3];
+type ScoresKernels<E = f32> =
+    [unsafe fn([*const f32; 3], &[E], usize, f32, [*mut f32; 3], usize); 3];
 
 /// A vector kernel's value sums for 1 to 3 heads: accumulators, weights, values, `d`, rows.
 #[cfg(target_arch = "x86_64")]
-type SumsKernels = [unsafe fn([*mut f32; 3], [*const f32; 3], &[f32], usize, usize); 3];
+type SumsKernels<E = f32> = [unsafe fn([*mut f32; 3], [*const f32; 3], &[E], usize, usize); 3];
 
 /// [`DecodeMath::scores_group`] through `kernels`, 3 heads at a time.
 ///
@@ -136,10 +175,10 @@ type SumsKernels = [unsafe fn([*mut f32; 3], [*const f32; 3], &[f32], usize, usi
 /// arguments describe.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn scores_in_threes(
-    kernels: ScoresKernels,
+unsafe fn scores_in_threes<E>(
+    kernels: ScoresKernels<E>,
     q: Heads,
-    keys: &[f32],
+    keys: &[E],
     d: usize,
     scale: f32,
     out: &mut [f32],
@@ -159,14 +198,14 @@ unsafe fn scores_in_threes(
 /// As [`scores_in_threes`]; head `h`'s accumulator and weights lie at `h * stride`.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn sums_in_threes(
-    kernels: SumsKernels,
+unsafe fn sums_in_threes<E>(
+    kernels: SumsKernels<E>,
     acc: &mut [f32],
     acc_stride: usize,
     p: &[f32],
     p_stride: usize,
     heads: usize,
-    values: &[f32],
+    values: &[E],
     d: usize,
     n: usize,
 ) {
@@ -351,6 +390,76 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// The vector versions read f16 keys and values where they lie with the bits of the f32
+    /// versions on their widening: scores and value sums of 1 to 7 heads, over runs that are
+    /// and are not whole passes and head dims that are and are not whole registers.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn f16_runs_give_the_bits_of_their_widening() {
+        fn check<M: DecodeMath>(step: usize) {
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let half = |v: Vec<f32>| v.into_iter().map(f16::from_f32).collect::<Vec<_>>();
+            let wide = |v: &[f16]| v.iter().map(|x| x.to_f32()).collect::<Vec<_>>();
+            for d in [8usize, 16, 24, 48, 64, 96, 128]
+                .into_iter()
+                .filter(|d| d % step == 0)
+            {
+                for n in [1usize, 3, 4, 7, 8, 9, 17, 32, 33] {
+                    for heads in 1..=7 {
+                        let qs = values(heads * d, 11);
+                        let (keys, v) = (half(values(n * d, 12)), half(values(n * d, 13)));
+                        let group = Heads {
+                            ptr: qs.as_ptr(),
+                            stride: d as isize,
+                            count: heads,
+                        };
+                        let stride = 40;
+                        let (mut direct, mut widened) =
+                            (vec![0f32; heads * stride], vec![0f32; heads * stride]);
+                        M::scores_group_f16(group, &keys, d, 0.125, &mut direct, stride, n);
+                        M::scores_group(group, &wide(&keys), d, 0.125, &mut widened, stride, n);
+                        assert_eq!(
+                            bits(&direct),
+                            bits(&widened),
+                            "scores: d {d}, n {n}, {heads}"
+                        );
+                        let p: Vec<f32> = (0..heads * stride)
+                            .map(|i| (i % 9) as f32 * 0.1 - 0.3)
+                            .collect();
+                        let (mut direct, mut widened) = (
+                            vec![0.25f32; heads * (d + 2)],
+                            vec![0.25f32; heads * (d + 2)],
+                        );
+                        M::accumulate_group_f16(&mut direct, d + 2, &p, stride, heads, &v, d, n);
+                        M::accumulate_group(
+                            &mut widened,
+                            d + 2,
+                            &p,
+                            stride,
+                            heads,
+                            &wide(&v),
+                            d,
+                            n,
+                        );
+                        assert_eq!(bits(&direct), bits(&widened), "sums: d {d}, n {n}, {heads}");
+                    }
+                }
+            }
+        }
+        // Without AVX2, FMA and F16C the vector versions never run (`decode_attention`).
+        let cpu = kvb_gemm::cpu();
+        if !kvb_gemm::Isa::supported().contains(&kvb_gemm::Isa::Avx2Fma) || !cpu.f16c {
+            eprintln!("no AVX2/F16C here: nothing to compare");
+            return;
+        }
+        assert!(Avx2::READS_F16);
+        check::<Avx2>(8);
+        if kvb_gemm::isa() == kvb_gemm::Isa::Avx512 {
+            assert!(Avx512::READS_F16);
+            check::<Avx512>(16);
         }
     }
 
