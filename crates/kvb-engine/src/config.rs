@@ -271,17 +271,16 @@ impl EngineConfig {
 /// at least 256 MiB. The pool's memory is taken as blocks are first written, so an idle engine
 /// costs nothing; the budget only bounds what many long sequences may hold at once.
 pub fn default_pool_bytes() -> usize {
-    let total = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .find(|l| l.starts_with("MemTotal:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kib| kib.parse::<usize>().ok())
-        })
-        .map(|kib| kib * 1024)
-        .unwrap_or(16 << 30);
+    let total = physical_memory().unwrap_or(16 << 30);
     (total / 4).max(256 << 20)
+}
+
+/// The machine's physical memory in bytes (Linux `MemTotal`), where it can be read.
+pub(crate) fn physical_memory() -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: usize = kib.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }
 
 /// How a request uses the cache.

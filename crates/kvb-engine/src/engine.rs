@@ -129,9 +129,11 @@ impl<B: ModelBackend> Engine<B> {
                 config.block_size
             )));
         }
-        // Made whole where that costs only what is written (the CPU); grown in steps elsewhere.
+        // Made whole where that costs only what is written (the CPU), up to the machine's
+        // memory: the kernel refuses a larger mapping outright (a budget beyond it grows in
+        // steps from there, as elsewhere).
         let reserved = if B::pool_reserves_budget() {
-            max_blocks
+            max_blocks.min(crate::config::physical_memory().unwrap_or(usize::MAX) / block_bytes)
         } else {
             0
         };

@@ -542,3 +542,23 @@ fn a_scoped_request_reuses_only_its_own_scopes_kv() {
         assert_eq!(r.cached_tokens, 0, "{r:?}");
     }
 }
+
+/// A pool budget far beyond the machine's memory (1 PiB) starts and serves the tokens a small
+/// one does: on the CPU the pool is made whole only up to the machine's memory (the kernel
+/// refuses a larger mapping outright) and grows past it in steps.
+#[test]
+fn a_pool_budget_beyond_the_machines_memory_serves_as_a_small_one() {
+    let huge = EngineConfig {
+        max_pool_bytes: Some(1 << 50),
+        ..config()
+    };
+    let p = prompt(7, 150);
+    let o = opts(GenerationMode::ChunkReuse, 8);
+    let tokens = |config: EngineConfig| {
+        engine("llama", config)
+            .generate_tokens(&p, &o, &mut |_| {})
+            .unwrap()
+            .token_ids
+    };
+    assert_eq!(tokens(huge), tokens(config()));
+}
