@@ -49,7 +49,11 @@
 //!   ([`AttentionBackend`]) only reads it. What it gives back is what was written, rounded to its precision, through the host
 //!   and the device read alike and after it grows; a block copy (copy-on-write), a prefault and a
 //!   many-layer host write touch exactly the slots asked for (property and unit tests in
-//!   [`pool`]). Bad layers, slots, blocks and shapes are errors ([`AttnError::Pool`]).
+//!   [`pool`]). Bad layers, slots, blocks and shapes are errors ([`AttnError::Pool`]). On the
+//!   CPU a layer costs memory only where blocks are written, huge pages kept off, so a pool can
+//!   be made at its whole budget ([`PoolBackend::pool_reserves_budget`];
+//!   `tests/pool_memory.rs`), and the decode kernel's vector versions read an f16 pool in place
+//!   with the bits of its widening (`f16_runs_give_the_bits_of_their_widening`).
 //! - **Pool writes.** [`PoolBackend::pool_scatter`] writes new K/V at a pool's slots; the
 //!   CPU writes in place (f32 or rounding to f16), the CubeCL backends in one launch per call
 //!   (burn's ops need one per run of consecutive slots), with the same values

@@ -119,7 +119,7 @@ fn segment<M: DecodeMath>(
         PoolView::F16(_) if !M::READS_F16 => vec![0f32; TILE.min(bs) * d],
         _ => Vec::new(),
     };
-    // SAFETY (here and at both `slots` calls below): `physical` and the `len` keys after it lie
+    // SAFETY (here and at both `run` calls below): `physical` and the `len` keys after it lie
     // in one block inside the pool (checked by `check_paged`), head_dim contiguous; q is
     // [1, hq, n, d] with d contiguous.
     let query = |row: usize, g: usize| unsafe {

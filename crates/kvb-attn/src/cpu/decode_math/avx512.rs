@@ -138,8 +138,9 @@ impl DecodeMath for Avx512 {
     ) {
         debug_assert!(d.is_multiple_of(16) && keys.len() >= n * d);
         let kernels: ScoresKernels = [scores3::<1, f32>, scores3::<2, f32>, scores3::<3, f32>];
-        // SAFETY: AVX-512F (and AVX2/FMA/F16C) present and d % 16 == 0 (see `decode_attention`); queries, keys
-        // and outputs lie within what the caller passed (asserted above and by `out_stride`, `n`).
+        // SAFETY: AVX-512F (and AVX2/FMA/F16C) present and d % 16 == 0 (see
+        // `decode_attention`); queries, keys and outputs lie within what the caller passed
+        // (asserted above and by `out_stride`, `n`).
         unsafe { scores_in_threes(kernels, q, keys, d, scale, out, out_stride, n) }
     }
 
