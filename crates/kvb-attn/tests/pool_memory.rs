@@ -18,14 +18,22 @@ fn resident_bytes() -> usize {
 /// A 2 GiB f16 pool shaped like a 1.7B model's (24 layers, 32 kv heads of 64), two blocks
 /// written: resident memory grows by about those blocks (12.6 MB), far under the pool's size;
 /// written values read back, and an unwritten slot reads zero. Other tests of this binary run
-/// beside it, allocating a few MB each, hence the 256 MiB bound.
+/// beside it, allocating a few MB each, hence the 256 MiB bound. Linux only: it reads
+/// `/proc`; and where the kernel refuses to overcommit the pool is grown, not reserved.
 #[test]
 #[cfg(target_os = "linux")]
 fn a_reserved_cpu_pool_costs_what_its_written_blocks_hold() {
-    assert!(
+    let strict =
+        std::fs::read_to_string("/proc/sys/vm/overcommit_memory").is_ok_and(|m| m.trim() == "2");
+    assert_eq!(
         <NdArray as PoolBackend>::pool_reserves_budget(),
-        "Linux with overcommit (this CI) reserves the pool's budget"
+        !strict,
+        "the CPU reserves the pool's budget where the kernel overcommits"
     );
+    if strict {
+        eprintln!("vm.overcommit_memory is 2: the pool is not reserved here, nothing to measure");
+        return;
+    }
     let (layers, heads, dim, block) = (24, 32, 64, 32);
     let block_bytes =
         KvPool::<NdArray>::bytes_per_block(layers, (heads, dim), block, FloatDtype::F16);
