@@ -140,3 +140,26 @@ pub fn cpu() -> &'static CpuFeatures {
     static CPU: std::sync::OnceLock<CpuFeatures> = std::sync::OnceLock::new();
     CPU.get_or_init(|| CpuFeatures::with_isa(isa()))
 }
+
+/// The features of the widest set this CPU runs, detected once: what a kernel chosen above the
+/// one in use (by a test) may rely on. Kernels ask it per call, and CPUID traps to the host in a
+/// virtual machine, so it must not be read again each time.
+pub fn widest() -> &'static CpuFeatures {
+    static WIDEST: std::sync::OnceLock<CpuFeatures> = std::sync::OnceLock::new();
+    WIDEST.get_or_init(|| {
+        let isa = Isa::supported().into_iter().max().unwrap_or(Isa::Portable);
+        CpuFeatures::with_isa(isa)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_widest_features_are_those_of_the_last_supported_set() {
+        let all = CpuFeatures::supported();
+        assert_eq!(widest(), all.last().expect("the portable set at least"));
+        assert_eq!(widest(), widest(), "detected once, the same answer");
+    }
+}

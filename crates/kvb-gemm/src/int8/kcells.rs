@@ -133,7 +133,7 @@ fn usable(kernel: Kernel) -> Kernel {
     #[cfg(target_arch = "x86_64")]
     {
         // The widest set's features: a test may ask for a kernel above the one in use.
-        let cpu = crate::CpuFeatures::with_isa(crate::Isa::supported().into_iter().max().unwrap());
+        let cpu = crate::cpu::widest();
         if !cpu.f16c {
             return Kernel::Portable;
         }
