@@ -84,6 +84,14 @@ pub(crate) fn in_column_ranges(
     width: usize,
     fill: impl Fn(usize, usize, &mut [f32]) + Sync,
 ) -> Vec<f32> {
+    let mut y = vec![0f32; m * n];
+    if m == 1 {
+        // One row (a decode step): a task's tile is its slice of the output; no copy.
+        y.par_chunks_mut(width).enumerate().for_each(|(t, tile)| {
+            fill(t * width, tile.len(), tile);
+        });
+        return y;
+    }
     let tiles: Vec<Vec<f32>> = (0..n.div_ceil(width))
         .into_par_iter()
         .map(|t| {
@@ -94,7 +102,6 @@ pub(crate) fn in_column_ranges(
             tile
         })
         .collect();
-    let mut y = vec![0f32; m * n];
     for (t, tile) in tiles.iter().enumerate() {
         let j0 = t * width;
         let cols = tile.len() / m.max(1);
