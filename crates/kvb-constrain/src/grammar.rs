@@ -9,7 +9,9 @@ use serde_json::{json, Value};
 pub enum Grammar {
     /// Any JSON object (OpenAI's `response_format: {type: json_object}`).
     JsonObject,
-    /// A JSON value valid against this JSON Schema (`json_schema`).
+    /// A JSON value valid against this JSON Schema (`json_schema`). An object schema that
+    /// names its `properties` and says nothing of other keys admits no others (see
+    /// `closed.rs`); `"additionalProperties": true` admits them.
     JsonSchema(Value),
     /// Text matching this regular expression in full.
     Regex(String),
@@ -47,14 +49,22 @@ impl Grammar {
     }
 }
 
-fn schema_grammar(mut schema: Value) -> TopLevelGrammar {
+fn schema_grammar(schema: Value) -> TopLevelGrammar {
+    TopLevelGrammar::from_json_schema(lark_json_schema(schema))
+}
+
+/// `schema` as [`Grammar::JsonSchema`] follows it, for a Lark grammar's `%json {...}`: objects
+/// that name their properties closed, and laid out as [`json_layout`] says unless the schema
+/// sets its own `x-guidance`.
+pub fn lark_json_schema(mut schema: Value) -> Value {
     if let Value::Bool(b) = schema {
         // llguidance reads its layout options off an object; `true` is `{}`, `false` is
         // `{"not": {}}`.
         schema = if b { json!({}) } else { json!({"not": {}}) };
     }
+    crate::closed::close_objects(&mut schema);
     if let Value::Object(map) = &mut schema {
         map.entry("x-guidance").or_insert_with(json_layout);
     }
-    TopLevelGrammar::from_json_schema(schema)
+    schema
 }

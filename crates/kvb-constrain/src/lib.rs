@@ -10,16 +10,19 @@
 //!
 //! Promises, proved by `tests/json_schema.rs`: whatever a sampler picks among the allowed
 //! tokens, the text ends as soon as it is complete and parses as JSON valid against its
-//! schema; the mask never allows a token the matcher then rejects; a schema the matcher cannot
-//! follow is an error before the first token.
+//! schema; an object schema that names its `properties` admits no other keys unless it says
+//! `"additionalProperties"` (as xgrammar's strict mode, vLLM's default); the mask never allows
+//! a token the matcher then rejects; a schema the matcher cannot follow is an error before the
+//! first token.
 
+mod closed;
 mod error;
 mod grammar;
 mod matcher;
 mod vocabulary;
 
 pub use error::{ConstrainError, Result};
-pub use grammar::{json_layout, Grammar};
+pub use grammar::{json_layout, lark_json_schema, Grammar};
 pub use matcher::TokenMatcher;
 pub use vocabulary::Vocabulary;
 

@@ -45,13 +45,15 @@ fn schema(depth: u32) -> BoxedStrategy<Value> {
         1 => (inner.clone(), 0usize..3).prop_map(|(items, max)| json!({"type": "array", "items": items, "maxItems": max})),
         2 => prop::collection::btree_map("[a-z]{1,5}", inner, 1..4).prop_flat_map(|props| {
             let names: Vec<String> = props.keys().cloned().collect();
-            (Just(props), prop::sample::subsequence(names.clone(), 0..=names.len()))
-        }).prop_map(|(props, required)| json!({
-            "type": "object",
-            "properties": props,
-            "required": required,
-            "additionalProperties": false,
-        })),
+            (Just(props), prop::sample::subsequence(names.clone(), 0..=names.len()), any::<bool>())
+        }).prop_map(|(props, required, said)| {
+            // Said or not, no other keys: objects that name their properties are closed.
+            let mut s = json!({"type": "object", "properties": props, "required": required});
+            if said {
+                s["additionalProperties"] = json!(false);
+            }
+            s
+        }),
     ]
     .boxed()
 }
@@ -212,6 +214,26 @@ fn tokens_outside_the_mask_are_rejected() {
     assert!(m.accepting());
     m.accept(EOS).unwrap();
     assert!(m.finished());
+}
+
+/// Whether the matcher takes `text`, tokenized, whole and complete.
+fn takes(schema: Value, text: &str) -> bool {
+    let (vocab, tok) = vocabulary();
+    let mut m = vocab.matcher(&Grammar::JsonSchema(schema)).unwrap();
+    let ids = tok.encode(text, false).unwrap();
+    ids.get_ids().iter().all(|&t| m.accept(t).is_ok()) && m.accepting()
+}
+
+/// Keys a schema does not name are refused unless it admits them.
+#[test]
+fn other_keys_only_where_the_schema_admits_them() {
+    let named = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+    assert!(takes(named.clone(), r#"{"a": 1}"#));
+    assert!(!takes(named.clone(), r#"{"a": 1, "zz": 2}"#));
+    let mut open = named;
+    open["additionalProperties"] = json!(true);
+    assert!(takes(open, r#"{"a": 1, "zz": 2}"#));
+    assert!(takes(json!({"type": "object"}), r#"{"zz": 2}"#));
 }
 
 #[test]

@@ -77,7 +77,7 @@ pub use fidelity::{
     NoiseFloor, PromptFidelity, Reference, VerifyOptions,
 };
 pub use fingerprint::model_fingerprint;
-pub use kvb_constrain::{json_layout, Grammar};
+pub use kvb_constrain::{json_layout, lark_json_schema, Grammar};
 pub use kvb_model::generate::{StopReason, TokenLogprobs};
 pub use kvb_repair::RecomputeStrategy;
 pub use kvb_store::{EvictionPolicy, RemoteConfig, RemoteStats, StoreStats};

@@ -511,8 +511,7 @@ impl Tools {
             }
         };
         for (name, f) in names.iter().zip(&functions) {
-            let mut schema = call_schema(f, key);
-            schema["x-guidance"] = kvb_engine::json_layout();
+            let schema = kvb_engine::lark_json_schema(call_schema(f, key));
             lark += &format!("{name}: %json {schema}\n");
         }
         Grammar::Lark(lark)
@@ -555,11 +554,11 @@ impl Tools {
         };
         lark += &format!("call: {}\n", rules.join(" | "));
         for (i, f) in functions.iter().enumerate() {
-            let mut schema = f
-                .parameters
-                .clone()
-                .unwrap_or_else(|| json!({"type": "object"}));
-            schema["x-guidance"] = kvb_engine::json_layout();
+            let schema = kvb_engine::lark_json_schema(
+                f.parameters
+                    .clone()
+                    .unwrap_or_else(|| json!({"type": "object"})),
+            );
             lark += &format!(
                 "fn{i}: {open} \"{}\"{id} {args} args{i}\nargs{i}: %json {schema}\n",
                 f.name
@@ -858,6 +857,42 @@ mod tests {
             auto.starts_with("start: TEXT (call)?\n") && auto.contains("& ~/(.|\\n)*<tool_call>"),
             "{auto}"
         );
+    }
+
+    /// Arguments' schemas that say nothing of other keys get none in every format: left open,
+    /// a small model invents keys until its tokens run out.
+    #[test]
+    fn every_format_closes_the_arguments_schema() {
+        for format in [
+            ToolFormat::Generic,
+            ToolFormat::Tagged,
+            ToolFormat::Json,
+            ToolFormat::Mistral { marker: Some(5) },
+            ToolFormat::MistralNamed(NamedMarkers::for_tests(true, true)),
+        ] {
+            let Grammar::Lark(lark) = in_format(Choice::Required, true, format).grammar() else {
+                panic!()
+            };
+            let schemas: Vec<Value> = lark
+                .lines()
+                .filter_map(|l| l.split_once(": %json ").map(|(_, s)| s))
+                .map(|s| serde_json::from_str(s).unwrap())
+                .collect();
+            assert_eq!(schemas.len(), 2, "{format:?}: {lark}");
+            for s in schemas {
+                let args = match s.get("properties") {
+                    Some(p) if p.get("x").is_none() => p
+                        .as_object()
+                        .unwrap()
+                        .values()
+                        .find(|v| v.get("properties").is_some())
+                        .unwrap()
+                        .clone(),
+                    _ => s,
+                };
+                assert_eq!(args["additionalProperties"], false, "{format:?}: {lark}");
+            }
+        }
     }
 
     #[test]
