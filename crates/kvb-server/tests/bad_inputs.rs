@@ -5,10 +5,10 @@
 
 use crate::common::tiny_model;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 fn kvb(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kvb"))
+    crate::common::kvb()
         .args(args)
         .env("RUST_BACKTRACE", "0")
         .output()

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 /// `kvb chat` on the tiny model with a disk tier, its stderr lines on a channel.
 fn chat(model: &std::path::Path, disk: &std::path::Path) -> (Child, Receiver<String>) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kvb"))
+    let mut child = crate::common::kvb()
         .arg("chat")
         .arg("--model")
         .arg(model)

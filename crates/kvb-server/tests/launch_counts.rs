@@ -12,7 +12,6 @@
 use crate::common::{tiny_model, words};
 use serde_json::{json, Value};
 use std::path::Path;
-use std::process::Command;
 
 /// Layers of the tiny fixture.
 const LAYERS: f64 = 2.0;
@@ -54,7 +53,7 @@ fn replay_on(model: &Path, new_tokens: usize, backend: &str) -> Run {
     let request = json!({"id": "r", "prompt": words(7, 40), "max_new_tokens": new_tokens});
     std::fs::write(&requests, request.to_string()).unwrap();
     let out = dir.path().join("out.jsonl");
-    let o = Command::new(env!("CARGO_BIN_EXE_kvb"))
+    let o = crate::common::kvb()
         .current_dir(dir.path())
         .args(["replay", "--backend", backend, "--mode", "baseline"])
         .arg("--model")

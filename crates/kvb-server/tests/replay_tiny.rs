@@ -6,7 +6,6 @@
 use crate::common::{tiny_model, words};
 use serde_json::{json, Value};
 use std::collections::HashMap;
-use std::process::Command;
 
 #[test]
 fn replay_answers_every_line_and_each_chat_continues_from_its_blocks() {
@@ -27,7 +26,7 @@ fn replay_answers_every_line_and_each_chat_continues_from_its_blocks() {
     );
     // A step computes at most 16 prompt rows, 8 while others decode.
     let budget = 16;
-    let o = Command::new(env!("CARGO_BIN_EXE_kvb"))
+    let o = crate::common::kvb()
         .args(["replay", "--block-size", "8", "--max-new-tokens", "4"])
         .args(["--max-batch-tokens", &budget.to_string()])
         .args(["--prefill-tokens-while-decoding", "8"])

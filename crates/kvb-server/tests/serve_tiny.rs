@@ -475,7 +475,7 @@ fn greedy_text_from_the_server_equals_kvb_generate() {
         "/v1/completions",
         &json!({"model": "tiny", "prompt": prompt, "max_tokens": 16, "temperature": 0}),
     );
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvb"))
+    let out = crate::common::kvb()
         .args([
             "generate",
             "--model",

@@ -5,11 +5,11 @@
 use crate::common::{tiny_model, words};
 use serde_json::{json, Value};
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 /// Runs `kvb verify` on `model` with the requests file `requests` and `extra` flags.
 fn verify(model: &Path, requests: &Path, extra: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kvb"))
+    crate::common::kvb()
         .arg("verify")
         .arg("--model")
         .arg(model)

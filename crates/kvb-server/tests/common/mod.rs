@@ -12,6 +12,16 @@ use std::time::{Duration, Instant};
 /// A ChatML template for the tiny model (its fixture has none).
 const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 
+/// The `kvb` binary, looking for the default model where the workspace's other tests do
+/// (`$KVB_MODELS_DIR`, else `models/` at the workspace root) rather than under this crate,
+/// where a fetched model would land beside the sources.
+pub fn kvb() -> Command {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvb"));
+    cmd.env("KVB_MODELS_DIR", kvb_model::fetch::models_dir_in(&root));
+    cmd
+}
+
 /// The tiny Llama fixture copied into a temporary folder, with a chat template added.
 pub fn tiny_model() -> (tempfile::TempDir, PathBuf) {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tiny/llama");
@@ -63,7 +73,7 @@ pub struct Server {
 impl Server {
     /// `kvb serve --port 0 ARGS`, once it listens.
     pub fn start(args: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kvb"))
+        let mut child = kvb()
             .arg("serve")
             .args(["--port", "0"])
             .args(args)
