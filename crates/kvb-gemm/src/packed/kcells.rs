@@ -679,7 +679,8 @@ pub(crate) mod avx512 {
 
     /// [`super::avx2::each_row`] for `U` pairs of groups: `w[i]` holds row `r`'s 16 weights of
     /// pair `i` (the cell of `cells[i][0]` in the low 8 lanes); each lane computed as the 8-lane
-    /// kernel does. With `BYTES`, Q5_K and Q6_K values are assembled by byte permutes
+    /// kernel does. With `BYTES`, Q5_K and Q6_K values are assembled by byte permutes, and
+    /// Q4_K's and IQ4_XS's nibbles gathered a column per 32-bit lane
     /// ([`super::super::kcells_bytes`]), to the same bits.
     ///
     /// # Safety
@@ -717,6 +718,12 @@ pub(crate) mod avx512 {
         let by_bytes = BYTES && high_bits;
         let constants = if by_bytes {
             Some(kcells_bytes::Constants::of::<K>())
+        } else {
+            None
+        };
+        // 4-bit cells with VBMI: a column's 8 rows of nibbles per 32-bit lane.
+        let lanes_index = if BYTES && !high_bits {
+            Some(kcells_bytes::nibble_lane_index())
         } else {
             None
         };
@@ -796,6 +803,22 @@ pub(crate) mod avx512 {
                         }
                         row(r, &w[0]);
                         row(r + 1, &w[1]);
+                    }
+                    continue;
+                }
+                if let Some(index) = lanes_index {
+                    let mut lanes = [_mm512_setzero_si512(); U];
+                    for i in 0..U {
+                        lanes[i] = kcells_bytes::nibble_lanes(cells[i], &at, r0, index);
+                    }
+                    for r in r0..r0 + 8 {
+                        let mut w = [_mm512_setzero_ps(); U];
+                        for i in 0..U {
+                            let q = _mm512_permutexvar_ps(lanes[i], nibble_values);
+                            w[i] = _mm512_fmadd_ps(scale[i], q, offset[i]);
+                            lanes[i] = _mm512_srli_epi32::<4>(lanes[i]);
+                        }
+                        row(r, &w);
                     }
                     continue;
                 }

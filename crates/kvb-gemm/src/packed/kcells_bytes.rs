@@ -229,5 +229,53 @@ pub(crate) unsafe fn row(bytes: __m512i, p: usize, c: &Constants) -> __m512 {
     _mm512_cvtepi32_ps(place(c.rows[p], bytes))
 }
 
+/// Byte `4l + k` of [`nibble_lanes`]' result comes from byte `32 (l / 8) + 8k + l % 8` of the
+/// two cells' joined nibbles: 32-bit lane `l` gathers column `l`'s four row pairs.
+static NIBBLE_LANES: [u8; 64] = {
+    let mut t = [0u8; 64];
+    let mut j = 0;
+    while j < 64 {
+        let (l, k) = (j / 4, j % 4);
+        t[j] = (l / 8 * 32 + k * 8 + l % 8) as u8;
+        j += 1;
+    }
+    t
+};
+
+/// [`NIBBLE_LANES`] in a register (loaded once per call of a kernel).
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn nibble_lane_index() -> __m512i {
+    _mm512_loadu_si512(NIBBLE_LANES.as_ptr() as *const __m512i)
+}
+
+/// Rows `r0..r0 + 8` (`r0` a multiple of 8) of two cells of 4-bit values (Q4_K, IQ4_XS: a
+/// byte per column and pair of rows, the even row in its low nibble), with each 32-bit lane one
+/// column's 8 nibbles, row `r0 + i` in bits `4i..4i + 4`. A row is then a shift and a lookup
+/// (`_mm512_permutexvar_ps` reads an index's low 4 bits), where bytes widened per pair of rows
+/// take a join, a widening and a shift (bench/results/2026-12-05-f32-decode-floor).
+///
+/// # Safety
+/// The CPU has AVX-512 VBMI; the cells are whole cells laid out as `at`; `index` is
+/// [`nibble_lane_index`].
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn nibble_lanes(
+    [a, b]: [*const u8; 2],
+    at: &Layout,
+    r0: usize,
+    index: __m512i,
+) -> __m512i {
+    let o = at.nibbles + r0 / 2 * GROUP;
+    let nibbles = _mm512_inserti64x4::<1>(
+        _mm512_castsi256_si512(_mm256_loadu_si256(a.add(o) as *const __m256i)),
+        _mm256_loadu_si256(b.add(o) as *const __m256i),
+    );
+    look_up(index, nibbles)
+}
+
 /// 2^-24: what [`row`]'s values are scaled by.
 pub(crate) const UNSCALE: f32 = 1.0 / 16_777_216.0;

@@ -11,16 +11,18 @@ use crate::packed::{
 use std::arch::x86_64::*;
 
 /// [`run_pairs`] for `m` rows (1 to 16) and `pairs` pairs (1, 2 or 4), as [`super::columns`]
-/// chose them; with `bytes`, Q5_K and Q6_K values assembled by byte permutes.
+/// chose them; with `bytes`, Q5_K and Q6_K values assembled by byte permutes and 4-bit K-quant
+/// nibbles gathered a column per lane.
 ///
 /// # Safety
 /// The CPU has AVX-512F, and AVX-512 VBMI with `bytes`.
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn run_set(m: usize, pairs: usize, bytes: bool, set: &Set) {
-    // Past a few rows the byte permutes cost more than they save: each row's 16 weights take a
-    // permute where the 16-byte path shares its work between two rows
-    // (bench/results/2026-11-27-q6k-bytes).
-    if bytes && m <= 4 {
+    // Past a few rows Q5_K's and Q6_K's byte permutes cost more than they save: each row's 16
+    // weights take a permute where the 16-byte path shares its work between two rows
+    // (bench/results/2026-11-27-q6k-bytes). 4-bit cells' nibble lanes save at any row count.
+    let nibbles = matches!(set.values, CellValues::Q4K | CellValues::IQ4XS);
+    if bytes && (m <= 4 || nibbles) {
         run_shape::<true>(m, pairs, set)
     } else {
         run_shape::<false>(m, pairs, set)
