@@ -4,7 +4,9 @@
 //! (median of `KVB_REPS`, default 15), weight bytes streamed per second and weights per second,
 //! on all of rayon's threads. `KVB_CPU_ISA` caps the kernels (avx2, portable; avx512f: no VBMI, VNNI) to compare.
 //! `KVB_ROWS` (`1,4,16` by default) sets the row counts; above 16, f32 rows run the blocked
-//! GEMM a prefill runs.
+//! GEMM a prefill runs. `KVB_ON_WORKER=1` times from a worker of rayon's pool, as the engine
+//! calls the products: from the main thread each product also pays two thread wake-ups, which
+//! dominate shapes that fit the caches.
 //!
 //! `cargo bench -p kvb-gemm --bench products [-- FILTER]` (FILTER: a format name or `int8`).
 
@@ -99,6 +101,13 @@ fn time(reps: usize, mut f: impl FnMut()) -> Duration {
 }
 
 fn main() {
+    if std::env::var("KVB_ON_WORKER").is_ok() {
+        return rayon::scope(|_| time_all());
+    }
+    time_all()
+}
+
+fn time_all() {
     let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
     let reps: usize = std::env::var("KVB_REPS")
         .ok()

@@ -71,7 +71,7 @@ unsafe fn run_pairs<const R: usize, const P: usize, const BYTES: bool>(a: &Set) 
                 prefetch_cell(h.wrapping_add(AHEAD * cell_bytes), cell_bytes);
             }
         }
-        let xrow = |r: usize, i: usize| *a.x.add((c * rows + i) * R + r);
+        let xrow = |r: usize, i: usize| a.x.add((c * rows + i) * R + r);
         match a.values {
             CellValues::Q2K | CellValues::Q3K => {
                 unreachable!("Q2_K and Q3_K cells take the 8-lane kernel")
@@ -244,18 +244,28 @@ unsafe fn pair_scales<const P: usize>(
     (scale, offset)
 }
 
-/// `acc[r][i] += x(r) * w[i]` for every row and pair.
+/// `acc[r][i] += x(r) * w[i]` for every row and pair, `x(r)` pointing at row r's value.
+/// Each multiply-add broadcasts its x in its own load (`{1to16}`): LLVM would emit one
+/// `vbroadcastss` per row, which on Zen 4 takes a slot of the vector pipes that the weights'
+/// permutes and shifts already fill (bench/results/2026-12-05-broadcast-operands).
 #[inline]
 #[target_feature(enable = "avx512f")]
 unsafe fn multiply_into<const R: usize, const P: usize>(
     acc: &mut [[__m512; P]; R],
     w: &[__m512; P],
-    x: impl Fn(usize) -> f32,
+    x: impl Fn(usize) -> *const f32,
 ) {
     for (r, row) in acc.iter_mut().enumerate() {
-        let xv = _mm512_set1_ps(x(r));
+        let xp = x(r);
         for (a, w) in row.iter_mut().zip(w) {
-            *a = _mm512_fmadd_ps(xv, *w, *a);
+            // SAFETY: AVX-512F is enabled; `xp` points at an f32 of the set's x.
+            unsafe {
+                std::arch::asm!(
+                    "vfmadd231ps {a}, {w}, dword ptr [{x}]{{1to16}}",
+                    a = inout(zmm_reg) *a, w = in(zmm_reg) *w, x = in(reg) xp,
+                    options(pure, readonly, nostack, preserves_flags),
+                )
+            };
         }
     }
 }
