@@ -57,6 +57,7 @@ unsafe fn run_pairs<const R: usize, const P: usize, const BYTES: bool>(a: &Set) 
     let mut acc = [[_mm512_setzero_ps(); P]; R];
     let nibble_values = kcells::avx512::nibble_values();
     let iq4_values = kcells::avx512::iq4_values();
+    let prefetch = !a.values.is_k_quant() && prefetches_cells();
     for c in 0..cells {
         let mut head = [[std::ptr::null::<u8>(); 2]; P];
         for (i, h) in head.iter_mut().enumerate() {
@@ -66,7 +67,7 @@ unsafe fn run_pairs<const R: usize, const P: usize, const BYTES: bool>(a: &Set) 
             ];
         }
         // K-quant kernels prefetch per sub-block, set by set (`prefetch_target`).
-        if !a.values.is_k_quant() {
+        if prefetch {
             for h in head.iter().flatten() {
                 prefetch_cell(h.wrapping_add(AHEAD * cell_bytes), cell_bytes);
             }
@@ -227,6 +228,17 @@ unsafe fn run_pairs<const R: usize, const P: usize, const BYTES: bool>(a: &Set) 
             }
         }
     }
+}
+
+/// Whether [`run_pairs`] asks for the cells [`AHEAD`] of the 32-row cells it reads (Q8_0,
+/// Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, 16-bit floats). Not on Zen 4 (AMD family 0x19 with AVX-512):
+/// there the hardware prefetchers keep up with the pairs' streams alone, and the asks, a few per
+/// 32 rows of each group, made one-row Q8_0 products from memory 1.2-1.3x slower
+/// (bench/results/2026-12-05-broadcast-operands). Other CPUs keep them (measured where they were
+/// added). K-quant cells, 256 rows each, keep theirs everywhere: without them one-row Q6_K from
+/// memory fell from 26 to 18 G weights/s on that core.
+fn prefetches_cells() -> bool {
+    crate::cpu().amd_family != Some(0x19)
 }
 
 /// Each pair's 16 scales and offsets, from the heads of its two cells.
