@@ -116,6 +116,12 @@ impl CpuFeatures {
         }
     }
 
+    /// Whether this is Zen 4 with its AVX-512 in use (AMD family 0x19, which has AVX-512 on
+    /// Zen 4 alone): some prefetches that pay elsewhere cost there.
+    pub fn zen4(&self) -> bool {
+        self.amd_family == Some(0x19) && self.isa == Isa::Avx512
+    }
+
     /// Every feature set this CPU runs, one per [`Isa::supported`] (tests compare them).
     pub fn supported() -> Vec<CpuFeatures> {
         Isa::supported()

@@ -38,9 +38,7 @@ const PREFETCH_AHEAD: usize = 32;
 /// prefetchers keep up alone. Grouped heads keep them (Llama-3.2-1B's decode there was 3%
 /// faster with them, within the noise), as do other CPUs (on Zen 5 they were 10% faster).
 fn prefetches(group: usize) -> bool {
-    let cpu = kvb_gemm::cpu();
-    let zen4 = cpu.amd_family == Some(0x19) && cpu.isa == kvb_gemm::Isa::Avx512;
-    group > 1 || !zen4
+    group > 1 || !kvb_gemm::cpu().zen4()
 }
 
 /// One decode row: its index among the query rows, its block table and its last visible slot.

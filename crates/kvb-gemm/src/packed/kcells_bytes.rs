@@ -176,6 +176,21 @@ impl Constants {
     }
 }
 
+/// The nibbles of rows `r0..r0 + 8` of the cells `[a, b]` side by side: `a`'s 32 bytes, then
+/// `b`'s.
+///
+/// # Safety
+/// AVX-512F is present; the cells are whole cells laid out as `at`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn joined_nibbles([a, b]: [*const u8; 2], at: &Layout, r0: usize) -> __m512i {
+    let o = at.nibbles + r0 / 2 * GROUP;
+    _mm512_inserti64x4::<1>(
+        _mm512_castsi256_si512(_mm256_loadu_si256(a.add(o) as *const __m256i)),
+        _mm256_loadu_si256(b.add(o) as *const __m256i),
+    )
+}
+
 /// Rows `r0..r0 + 8` of the cells `[a, b]` of kind `K` (a Q5_K or Q6_K cell of two groups
 /// side by side): `[even, odd]`, row `r0 + 2p` (or `+ 1`) of cell `c`, lane `lane`, as the
 /// signed byte at `32c + 8p + lane`, the integer [`super::kcells::parts`] defines.
@@ -190,11 +205,7 @@ pub(crate) unsafe fn run<const K: u8>(
     r0: usize,
     c: &Constants,
 ) -> [__m512i; 2] {
-    let o = at.nibbles + r0 / 2 * GROUP;
-    let nibbles = _mm512_inserti64x4::<1>(
-        _mm512_castsi256_si512(_mm256_loadu_si256(a.add(o) as *const __m256i)),
-        _mm256_loadu_si256(b.add(o) as *const __m256i),
-    );
+    let nibbles = joined_nibbles([a, b], at, r0);
     let high = if K == KIND_Q6K {
         let o = at.high + r0 / 4 * GROUP;
         _mm512_castsi256_si512(_mm256_inserti128_si256::<1>(
@@ -269,11 +280,7 @@ pub(crate) unsafe fn nibble_lanes(
     r0: usize,
     index: __m512i,
 ) -> __m512i {
-    let o = at.nibbles + r0 / 2 * GROUP;
-    let nibbles = _mm512_inserti64x4::<1>(
-        _mm512_castsi256_si512(_mm256_loadu_si256(a.add(o) as *const __m256i)),
-        _mm256_loadu_si256(b.add(o) as *const __m256i),
-    );
+    let nibbles = joined_nibbles([a, b], at, r0);
     look_up(index, nibbles)
 }
 

@@ -238,7 +238,7 @@ unsafe fn run_pairs<const R: usize, const P: usize, const BYTES: bool>(a: &Set) 
 /// added). K-quant cells, 256 rows each, keep theirs everywhere: without them one-row Q6_K from
 /// memory fell from 26 to 18 G weights/s on that core.
 fn prefetches_cells() -> bool {
-    crate::cpu().amd_family != Some(0x19)
+    !crate::cpu().zen4()
 }
 
 /// Each pair's 16 scales and offsets, from the heads of its two cells.
