@@ -24,8 +24,9 @@ const PEERS: [&str; 4] = [
     "llama.cpp",
     "llama.cpp+cache",
 ];
-/// What the environment must import, and the packages that provide it.
-const PEER_PACKAGES: [&str; 4] = ["torch", "transformers", "numpy", "llama-cpp-python==0.3.36"];
+/// The packages of the llama.cpp peers, and those the PyTorch peers add.
+const LLAMA_CPP_PACKAGES: [&str; 2] = ["numpy", "llama-cpp-python==0.3.36"];
+const PYTORCH_PACKAGES: [&str; 2] = ["torch", "transformers"];
 
 pub(super) struct Options {
     pub(super) reps: usize,
@@ -197,12 +198,36 @@ impl Measured {
     }
 }
 
-/// The virtual environment with the peers installed (created and filled on first use).
-fn peer_python() -> Result<PathBuf> {
-    venv_python(
-        cache_dir("KVB_PEERS_DIR", "peers")?,
-        "torch, transformers, numpy, llama_cpp",
-        &PEER_PACKAGES,
+/// The virtual environment with `peers` installed (created and filled on first use). PyTorch
+/// only where a PyTorch peer is asked for: a run of llama.cpp alone (say, one built for another
+/// instruction set through pip's `CMAKE_ARGS` in its own `KVB_PEERS_DIR`) needs none of it.
+fn peer_python(peers: &[String]) -> Result<PathBuf> {
+    let mut packages = LLAMA_CPP_PACKAGES.to_vec();
+    let mut imports = "numpy, llama_cpp".to_string();
+    if peers.iter().any(|p| p.starts_with("pytorch")) {
+        packages.extend(PYTORCH_PACKAGES);
+        imports.push_str(", torch, transformers");
+    }
+    venv_python(cache_dir("KVB_PEERS_DIR", "peers")?, &imports, &packages)
+}
+
+/// Whether a peer died of SIGILL: a llama.cpp that pip built with `-march=native` does where
+/// the CPU lists an extension its hypervisor does not run (AMX tiles in some KVM guests,
+/// bench/results/2026-12-06-peers-llama3.2-1b-q4_k_m-emr).
+fn illegal_instruction(status: &std::process::ExitStatus) -> bool {
+    use std::os::unix::process::ExitStatusExt;
+    status.signal() == Some(4)
+}
+
+/// How to rebuild the llama.cpp of the environment of `python` for what this CPU runs.
+fn rebuild_hint(python: &Path) -> String {
+    format!(
+        "rebuild its llama-cpp-python without the extension at fault, e.g. AMX: \
+         CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+         -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON\" {} -m pip install \
+         --force-reinstall --no-deps --no-cache-dir {}",
+        python.display(),
+        LLAMA_CPP_PACKAGES[1]
     )
 }
 
@@ -382,13 +407,22 @@ pub(super) fn run_peer(
     round: usize,
 ) -> Result<Measured> {
     let out = raw.join(format!("{peer}-rep{round}.json"));
-    crate::run(
-        Command::new(python)
-            .arg(Path::new("xtask/peers/peers.py"))
-            .arg(job)
-            .arg(peer)
-            .arg(&out),
-    )?;
+    let mut cmd = Command::new(python);
+    cmd.arg(Path::new("xtask/peers/peers.py"))
+        .arg(job)
+        .arg(peer)
+        .arg(&out);
+    eprintln!("$ {cmd:?}");
+    let status = cmd.status().with_context(|| format!("starting {cmd:?}"))?;
+    if illegal_instruction(&status) {
+        bail!(
+            "{cmd:?} died on an illegal instruction: {}",
+            rebuild_hint(python)
+        );
+    }
+    if !status.success() {
+        bail!("{cmd:?} failed with {status}");
+    }
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&out)?)
         .with_context(|| format!("parsing {}", out.display()))?;
     let mut m = Measured {
@@ -420,7 +454,7 @@ pub fn run(args: &[String], kvb: &Path) -> Result<()> {
     if !gguf.is_file() || !hf.join("model.safetensors").is_file() {
         crate::run(Command::new(kvb).arg("fetch-model"))?;
     }
-    let python = peer_python()?;
+    let python = peer_python(&o.peers)?;
     let out = o.out.clone().unwrap_or_else(|| {
         PathBuf::from("bench/results").join(format!("{}-peers", super::today()))
     });
@@ -648,6 +682,15 @@ mod tests {
                 ("c", vec![20.0, 21.0])
             ]
         );
+    }
+
+    #[test]
+    fn only_a_death_by_sigill_reads_as_an_illegal_instruction() {
+        let status = |script: &str| Command::new("sh").args(["-c", script]).status().unwrap();
+        assert!(illegal_instruction(&status("kill -ILL $$")));
+        assert!(!illegal_instruction(&status("kill -SEGV $$")));
+        assert!(!illegal_instruction(&status("exit 4")));
+        assert!(!illegal_instruction(&status("exit 0")));
     }
 
     #[test]
