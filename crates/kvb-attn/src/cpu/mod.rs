@@ -134,7 +134,12 @@ fn paged_tile(
     }
 }
 
-/// Paged prefill rows: every task is (sequence, q head, block of query rows); writes `[rows,
+/// Paged prefill rows: every task is (sequence, kv head, block of query positions), and takes
+/// the rows of all the kv head's query heads at those positions, so that each tile of keys and
+/// values is gathered (and widened from f16, and packed) once for the group rather than once per
+/// query head: a question after a long cached document has few rows, and there the tiles'
+/// preparation was most of attention's time (bench/results/2026-12-06-peers-avx2-on-emr).
+/// A row's result does not depend on the other rows of its task ([`tile`]). Writes `[rows,
 /// q_heads, d]` into `out`.
 fn paged_prefill(
     q: View<4>,
@@ -152,46 +157,65 @@ fn paged_prefill(
     } = *dims;
     let group = q_heads / kv_heads;
     let bs = batch.block_size;
-    let tasks: Vec<(&PagedSeq, usize, usize)> = batch
-        .seqs
-        .iter()
-        .filter(|s| !s.decode)
+    let prefills: Vec<&PagedSeq> = batch.seqs.iter().filter(|s| !s.decode).collect();
+    // Positions per task: a task's rows (positions x group) stay near QUERY_BLOCK, and a few
+    // rows over few kv heads are still cut into about two tasks per thread.
+    let wanted = (2 * rayon::current_num_threads()).div_ceil(kv_heads * prefills.len().max(1));
+    let tasks: Vec<(&PagedSeq, usize, usize, usize)> = prefills
+        .into_iter()
         .flat_map(|s| {
-            (0..q_heads).flat_map(move |h| {
+            let step = (QUERY_BLOCK / group)
+                .min(s.rows.len().div_ceil(wanted))
+                .max(1);
+            (0..kv_heads).flat_map(move |kh| {
                 (s.rows.start..s.rows.end)
-                    .step_by(QUERY_BLOCK)
-                    .map(move |i0| (s, h, i0))
+                    .step_by(step)
+                    .map(move |i0| (s, kh, i0, step))
             })
         })
         .collect();
     let blocks: Vec<(usize, usize, usize, Vec<f32>)> = tasks
         .into_par_iter()
-        .map(|(s, h, i0)| {
-            let rows = QUERY_BLOCK.min(s.rows.end - i0);
-            let kh = h / group;
-            let mut block = vec![0f32; rows * d];
+        .map(|(s, kh, i0, step)| {
+            let n = step.min(s.rows.end - i0);
+            // Row g * n + r: query head kh * group + g at position i0 + r.
+            let mut queries = vec![0f32; group * n * d];
+            for (i, row) in queries.chunks_exact_mut(d).enumerate() {
+                let (h, r) = (kh * group + i / n, i % n);
+                for (e, x) in row.iter_mut().enumerate() {
+                    // SAFETY: head h and row i0 + r lie in q, element e < d.
+                    *x = unsafe { *q.at([0, h, i0 + r, e]) };
+                }
+            }
+            let last: Vec<usize> = (0..group)
+                .flat_map(|_| &s.last_slot[i0 - s.rows.start..][..n])
+                .copied()
+                .collect();
+            let mut block = vec![0f32; group * n * d];
             let mut scratch = vec![0f32; 2 * KEY_BLOCK * d];
             let vis = RowVisibility {
-                last: &s.last_slot[i0 - s.rows.start..],
+                last: &last,
                 blocked: None,
             };
             let query = Rows {
-                ptr: q.at([0, h, i0, 0]),
-                row: q.strides[2],
-                col: q.strides[3],
+                ptr: queries.as_ptr(),
+                row: d as isize,
+                col: 1,
             };
             let mut tile_at =
                 |j0: usize, w: usize| paged_tile((k, v), s, bs, (kh, d), (j0, w), &mut scratch);
-            // SAFETY: rows i0.. of head h lie in q; every key slot is mapped through the block
-            // table, whose blocks lie in the pool (checked); the pool outlives the call.
+            // SAFETY: the queries are `group * n` rows of d contiguous values; every key slot is
+            // mapped through the block table, whose blocks lie in the pool (checked); the pool
+            // outlives the call.
             unsafe { attend_rows(query, &vis, d, scale, &mut tile_at, &mut block) };
-            (h, i0, rows, block)
+            (kh, i0, n, block)
         })
         .collect();
-    for (h, i0, rows, block) in blocks {
-        for r in 0..rows {
+    for (kh, i0, n, block) in blocks {
+        for (i, row) in block.chunks_exact(d).enumerate() {
+            let (h, r) = (kh * group + i / n, i % n);
             let at = ((i0 + r) * q_heads + h) * d;
-            out[at..at + d].copy_from_slice(&block[r * d..(r + 1) * d]);
+            out[at..at + d].copy_from_slice(row);
         }
     }
 }

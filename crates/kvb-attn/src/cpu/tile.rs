@@ -1,9 +1,10 @@
 //! The tiled online-softmax routine behind dense attention and paged prefill rows, in the manner
 //! of FlashAttention.
 //!
-//! A task takes one q head and a block of up to [`QUERY_BLOCK`] query rows, walks the visible keys
-//! in tiles of [`KEY_BLOCK`] and keeps a running softmax, so scores live only in a small
-//! L2-resident tile and keys no row sees are never touched. The two products per tile go to
+//! A task takes about [`QUERY_BLOCK`] query rows that share their keys (one q head's rows, or
+//! the rows of a kv head's q heads at a few positions), walks the visible keys in tiles of
+//! [`KEY_BLOCK`] and keeps a running softmax, so scores live only in a small L2-resident tile
+//! and keys no row sees are never touched. The two products per tile go to
 //! `kvb_gemm::strided`, which reads K/V in place through strides on the task's own thread.
 //!
 //! Tiles sit on a fixed grid of key slots (`0, 256, 512, ...`), whatever the rows of the task and
