@@ -223,14 +223,20 @@ fn segment<M: DecodeMath>(
     states
 }
 
-/// Groups to split the rows into, so that the tasks (kv heads x segments x row groups) are at
-/// least four per thread and a multiple of the threads: a short cache gives one segment per kv
-/// head, and 3 kv heads over 2 threads left one thread idle a third of the time. Each group
+/// Groups to split the rows into, so that the tasks (kv heads x segments x row groups here;
+/// kv heads x sequences x row groups in paged prefill) are at least `per_thread` per thread
+/// (decode: four) and a multiple of the threads: a short cache gives one segment per kv head,
+/// and 3 kv heads over 2 threads left one thread idle a third of the time. Each group
 /// loads a shared block for itself, so the groups are no more than that needs. Which group a
 /// row is in changes nothing in its arithmetic (only which rows share a block's load).
-fn row_groups(base_tasks: usize, threads: usize, rows: usize) -> usize {
+pub(super) fn row_groups(
+    base_tasks: usize,
+    threads: usize,
+    rows: usize,
+    per_thread: usize,
+) -> usize {
     let (base, threads) = (base_tasks.max(1), threads.max(1));
-    let mut groups = (4 * threads).div_ceil(base);
+    let mut groups = (per_thread * threads).div_ceil(base);
     while (base * groups) % threads != 0 {
         groups += 1;
     }
@@ -265,6 +271,7 @@ pub(crate) fn decode_attention(
         kv_heads * segments,
         rayon::current_num_threads(),
         rows.len(),
+        4,
     ));
     let groups = rows.len().div_ceil(per_group);
     let tasks: Vec<(usize, usize, usize)> = (0..kv_heads)
@@ -321,19 +328,20 @@ mod tests {
     use proptest::prelude::*;
 
     proptest! {
-        /// Between one group and one per row; unless capped by the rows, enough tasks for four
-        /// per thread, in a multiple of the threads.
+        /// Between one group and one per row; unless capped by the rows, enough tasks for
+        /// `per_thread` per thread (decode's four among them), in a multiple of the threads.
         #[test]
         fn row_groups_fill_the_threads_evenly(
             base in 1usize..40,
             threads in 1usize..33,
             rows in 1usize..65,
+            per_thread in 1usize..6,
         ) {
-            let g = row_groups(base, threads, rows);
+            let g = row_groups(base, threads, rows, per_thread);
             prop_assert!((1..=rows).contains(&g));
             if g < rows {
                 prop_assert_eq!(base * g % threads, 0);
-                prop_assert!(base * g >= 4 * threads);
+                prop_assert!(base * g >= per_thread * threads);
             }
         }
     }

@@ -159,13 +159,17 @@ fn paged_prefill(
     let bs = batch.block_size;
     let prefills: Vec<&PagedSeq> = batch.seqs.iter().filter(|s| !s.decode).collect();
     // Positions per task: a task's rows (positions x group) stay near QUERY_BLOCK, and a few
-    // rows over few kv heads are still cut into about two tasks per thread.
-    let wanted = (2 * rayon::current_num_threads()).div_ceil(kv_heads * prefills.len().max(1));
+    // rows over few kv heads are still cut to fill the threads evenly, as decode's rows are,
+    // but two tasks a thread, not four: each task prepares its tiles anew (measured in
+    // bench/results/2026-12-06-attn-group-rows).
+    let base = kv_heads * prefills.len();
+    let threads = rayon::current_num_threads();
     let tasks: Vec<(&PagedSeq, usize, usize, usize)> = prefills
         .into_iter()
         .flat_map(|s| {
+            let cuts = decode::row_groups(base, threads, s.rows.len(), 2);
             let step = (QUERY_BLOCK / group)
-                .min(s.rows.len().div_ceil(wanted))
+                .min(s.rows.len().div_ceil(cuts))
                 .max(1);
             (0..kv_heads).flat_map(move |kh| {
                 (s.rows.start..s.rows.end)
