@@ -4,7 +4,8 @@ use super::*;
 use crate::packed::{five_bits, head as cell_head, kcells, prefetch_cell, Scales, AHEAD};
 use std::arch::x86_64::*;
 
-/// [`run_groups`] for `m` rows (1 to 7) and `groups` groups (1, 2 or 4), as
+/// [`run_groups`] for `m` rows (1 to 7) and `groups` groups (1, 2 or 4; 8 for one row of
+/// 4-bit cells), as
 /// [`super::columns`] chose them.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn run_set(m: usize, groups: usize, set: &Set) {
@@ -15,6 +16,9 @@ pub(super) unsafe fn run_set(m: usize, groups: usize, set: &Set) {
                 _ => unreachable!("no 8-lane kernel for {m} rows by {groups} groups"),
             }
         };
+    }
+    if let (1, 8, CellValues::Nibbles(s)) = (m, groups, set.values) {
+        return super::one_row::nibble_row::<8>(set, s);
     }
     by_shape!(1: [1, 2, 4], 2: [1, 2, 4], 3: [1, 2], 4: [1, 2], 5: [1], 6: [1], 7: [1])
 }
@@ -33,6 +37,9 @@ unsafe fn run_groups<const R: usize, const G: usize>(a: &Set) {
             };
         }
         return kcells::by_kind!(a.values, one_row);
+    }
+    if let (1, CellValues::Nibbles(s)) = (R, a.values) {
+        return super::one_row::nibble_row::<G>(a, s);
     }
     let rows = a.cell_rows;
     let cell_bytes = a.values.cell_bytes(rows);
@@ -178,11 +185,13 @@ pub(super) unsafe fn end_of_cell<const R: usize, const G: usize>(
     c: usize,
     acc: &mut [[__m256; G]; R],
 ) {
-    let (per_block, cells) = (KC / a.cell_rows, a.k / a.cell_rows);
-    if (c + 1) % per_block != 0 && c + 1 != cells {
+    // In reduction rows, not cells: no division in the kernel's loop (the stores to `out`
+    // may alias `a`, so LLVM divided again every cell).
+    let end = (c + 1) * a.cell_rows;
+    if !end.is_multiple_of(KC) && end != a.k {
         return;
     }
-    let first = c < per_block;
+    let first = end <= KC;
     for (r, row) in acc.iter_mut().enumerate() {
         for (i, v) in row.iter_mut().enumerate() {
             let o = a.out.add(r * a.stride + i * GROUP);

@@ -131,8 +131,12 @@ impl Kernel {
 
     /// The most units (registers of columns) one pass over `m` rows takes: each takes `m`
     /// accumulators, and they must fit in the registers beside the weights, scales and offsets.
-    fn most_units(self, m: usize) -> usize {
+    /// One row of 4-bit cells on 8 lanes takes 8, its scales and offsets read from memory
+    /// ([`one_row::nibble_row`]): 4 chains of 2 multiply-adds per pair of rows left the
+    /// kernel waiting on their latency.
+    fn most_units(self, m: usize, values: CellValues) -> usize {
         match (self, m) {
+            (Kernel::Lanes8, 1) if matches!(values, CellValues::Nibbles(_)) => 8,
             (_, 1 | 2) => 4,
             (Kernel::Lanes8, 3 | 4) | (Kernel::Lanes16 | Kernel::Lanes16Bytes, 3..=8) => 2,
             _ => 1,
@@ -180,9 +184,10 @@ fn prefetch_target(
 }
 
 /// Columns `j0..j0 + cols` (`j0` a multiple of 8) of `y` into `tile` (`[m, cols]`) from `x`
-/// laid out as `[k, m]`, in sets of up to 4 units (independent accumulator chains): the fewer
-/// the rows, the more units share one pass over them. An odd last group is read twice (as its
-/// own pair, or as the padding of a set) and only its own lanes kept.
+/// laid out as `[k, m]`, in sets of up to 4 units (8 for one row of 4-bit cells on the 8-lane
+/// kernel; independent accumulator chains): the fewer the rows, the more units share one pass
+/// over them. An odd last group is read twice (as its own pair, or as the padding of a set) and
+/// only its own lanes kept.
 ///
 /// # Safety
 /// The CPU has `kernel`'s instructions; `x` holds `k * m` values; `tile` holds `m * cols`.
@@ -198,11 +203,11 @@ unsafe fn columns(
 ) {
     let (g0, g1) = (j0 / GROUP, (j0 + cols).div_ceil(GROUP));
     let unit_groups = kernel.unit_groups();
-    let most = kernel.most_units(m);
+    let most = kernel.most_units(m, w.cell_values());
     let mut g = g0;
     while g < g1 {
         let left = (g1 - g).div_ceil(unit_groups);
-        let units = [4, 2, 1]
+        let units = [8, 4, 2, 1]
             .into_iter()
             .find(|&u| u <= most && u <= left)
             .unwrap_or(1);
@@ -280,6 +285,36 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// One row over 4-bit cells in sets of 8 groups (the 8-lane kernel's widest, which the
+    /// proptest's widths reach on no more than 1 thread), with reductions of one KC block,
+    /// a block and a part, and two blocks, and widths of whole, uneven and padded sets.
+    #[test]
+    fn one_row_over_nibbles_in_sets_of_eight_gives_the_f32_bits() {
+        let one = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        one.install(|| {
+            for format in [1, 8] {
+                for blocks_per_row in [1, 9, 16] {
+                    for n in [256, 300, 517] {
+                        let (packed, k) = packed_matrix(format, blocks_per_row, n, 7);
+                        let x: Vec<f32> = (0..k).map(|i| spread(i, 11, 700.0)).collect();
+                        let want = crate::few_rows::matmul(&x, &packed.to_dense(), 1, k, n);
+                        for kernel in Kernel::supported() {
+                            let got = matmul_by(kernel, &x, 1, &packed).unwrap();
+                            let same = got
+                                .iter()
+                                .zip(&want)
+                                .all(|(g, e)| g.to_bits() == e.to_bits());
+                            assert!(same, "{kernel:?}, format {format}, [{k}, {n}]");
+                        }
+                    }
+                }
+            }
+        });
     }
 
     /// Every row count each kernel takes, for every K-quant cell type and widths of one group,

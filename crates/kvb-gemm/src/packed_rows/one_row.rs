@@ -6,11 +6,12 @@
 //! Here each group's weights are formed and used at once, and the sub-block's scales and
 //! offsets are read from memory where they are used, so the registers hold the accumulators,
 //! the row's x and the weights in flight. The values and the order of the sums are the
-//! general kernel's ([`kcells::avx2::each_row`]): the same bits.
+//! general kernel's ([`kcells::avx2::each_row`]): the same bits. [`nibble_row`] does the
+//! same for 4-bit cells (Q4_0, Q4_1), where the general kernel's arrays spilled the same way.
 
 use super::{prefetch_target, Set};
 use crate::packed::kcells::{self, prefetch_part, Layout, ROWS};
-use crate::packed::{CellValues, GROUP};
+use crate::packed::{head as cell_head, prefetch_cell, CellValues, Scales, AHEAD, GROUP};
 use std::arch::x86_64::*;
 
 /// Row 0 of the set's x against its `G` groups of K-quant cells of kind `K`, into its out, as
@@ -35,6 +36,54 @@ pub(super) unsafe fn k_quant_row<const G: usize, const K: u8>(a: &Set) {
             q4k_cells::<G>(head, ahead, x, &mut acc[0]);
         } else {
             high_bit_cells::<G, K>(head, ahead, x, &mut acc[0]);
+        }
+        super::avx2::end_of_cell(a, c, &mut acc);
+    }
+}
+
+/// Row 0 of the set's x against its `G` groups of 4-bit cells with scales `s`, as the general
+/// kernel's Nibbles arm: per pair of reduction rows, each group's low nibbles (the even row)
+/// and high nibbles (the odd row) widened, scaled and multiplied in, group by group. Each
+/// cell's scales and offsets are stored once and read where used (volatile, as in
+/// [`start_sub_block`]), so the registers hold the accumulators, the two rows' x and the
+/// weights in flight. Not inlined into the general kernel, for the reason [`k_quant_row`] gives.
+///
+/// # Safety
+/// AVX2, FMA and F16C are present; `a` is a set of `G` groups of 4-bit cells with scales `s`
+/// and one row.
+#[inline(never)]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn nibble_row<const G: usize>(a: &Set, s: Scales) {
+    let rows = a.cell_rows;
+    let cell_bytes = a.values.cell_bytes(rows);
+    let cells = a.k / rows;
+    let values = s.head_bytes();
+    let low = _mm256_set1_epi32(0x0f);
+    let mut acc = [[_mm256_setzero_ps(); G]; 1];
+    let mut scale = [_mm256_setzero_ps(); G];
+    let mut offset = [_mm256_setzero_ps(); G];
+    for c in 0..cells {
+        let head: [*const u8; G] = std::array::from_fn(|i| a.cells[i].add(c * cell_bytes));
+        for i in 0..G {
+            prefetch_cell(head[i].wrapping_add(AHEAD * cell_bytes), cell_bytes);
+            let (sc, off) = cell_head(s, head[i]);
+            std::ptr::write_volatile(&mut scale[i], sc);
+            std::ptr::write_volatile(&mut offset[i], off);
+        }
+        let x = a.x.add(c * rows);
+        for p in 0..rows / 2 {
+            let x0 = _mm256_broadcast_ss(&*x.add(2 * p));
+            let x1 = _mm256_broadcast_ss(&*x.add(2 * p + 1));
+            for i in 0..G {
+                let at = head[i].add(values + p * GROUP);
+                let bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(at as *const _));
+                let sc = std::ptr::read_volatile(&scale[i]);
+                let off = std::ptr::read_volatile(&offset[i]);
+                let lo = _mm256_cvtepi32_ps(_mm256_and_si256(bytes, low));
+                acc[0][i] = _mm256_fmadd_ps(x0, _mm256_fmadd_ps(sc, lo, off), acc[0][i]);
+                let hi = _mm256_cvtepi32_ps(_mm256_srli_epi32::<4>(bytes));
+                acc[0][i] = _mm256_fmadd_ps(x1, _mm256_fmadd_ps(sc, hi, off), acc[0][i]);
+            }
         }
         super::avx2::end_of_cell(a, c, &mut acc);
     }
