@@ -4,9 +4,9 @@ use super::*;
 use crate::packed::{five_bits, head as cell_head, kcells, prefetch_cell, Scales, AHEAD};
 use std::arch::x86_64::*;
 
-/// [`run_groups`] for `m` rows (1 to 7) and `groups` groups (1, 2 or 4; 8 for one row of
-/// 4-bit cells), as
-/// [`super::columns`] chose them.
+/// [`run_groups`] for `m` rows (1 to 7) and `groups` groups (1, 2 or 4), as
+/// [`super::columns`] chose them; 8 groups only for one row of 4-bit cells, which go straight
+/// to their own loop (the general kernel is not compiled for 8 groups).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn run_set(m: usize, groups: usize, set: &Set) {
     macro_rules! by_shape {

@@ -132,8 +132,8 @@ impl Kernel {
     /// The most units (registers of columns) one pass over `m` rows takes: each takes `m`
     /// accumulators, and they must fit in the registers beside the weights, scales and offsets.
     /// One row of 4-bit cells on 8 lanes takes 8, its scales and offsets read from memory
-    /// ([`one_row::nibble_row`]): 4 chains of 2 multiply-adds per pair of rows left the
-    /// kernel waiting on their latency.
+    /// ([`one_row::nibble_row`]): at 4 its products were no faster on 2 threads, at 8 they took
+    /// a quarter to a third less time (bench/results/2026-12-06-avx2-nibble-row-zen4).
     fn most_units(self, m: usize, values: CellValues) -> usize {
         match (self, m) {
             (Kernel::Lanes8, 1) if matches!(values, CellValues::Nibbles(_)) => 8,
