@@ -12,7 +12,7 @@
 //!   from any form ([`WeightPanels`]: f32 rows, packed quantized cells).
 //! - [`few_rows`]: 1 to a few dozen rows by an f32 weight, streaming it once.
 //! - [`packed`]: weights kept at their file's bits ([`packed::PackedMatrix`], from GGUF blocks
-//!   read by `kvb-modelfile`), and [`packed_rows`]: 1 to 16 rows by them (Q2_K and Q3_K: 1 to 7,
+//!   read by `kvb-modelfile`), and [`packed_rows`]: 1 to 16 rows by them (Q2_K and Q3_K: 1 to 8,
 //!   AVX2's kernel), dequantized in registers, the same bits as the f32 products over the
 //!   expanded weight.
 //! - [`int8`]: 8-bit activations by integer weights (VNNI, AVX2, portable: the same bits); the

@@ -112,11 +112,12 @@ impl Kernel {
 
     /// The most rows the kernel takes: up to here dequantizing in registers costs less than
     /// expanding the weight into the blocked GEMM's panels (measured on Zen 5 with
-    /// `model_speed`'s batched steps, and with the 8-lane kernel capped by `KVB_CPU_ISA`; the
-    /// 8-lane kernel spills its registers at 8 rows).
+    /// `model_speed`'s batched steps; the 8-lane kernel's chunks on Zen 4 capped by
+    /// `KVB_CPU_ISA`: 1.1-1.4x the blocked GEMM at 8 rows, mixed at 9, slower from 10,
+    /// bench/results/2026-12-06-avx2-rows-in-chunks).
     fn max_rows(self) -> usize {
         match self {
-            Kernel::Lanes8 => 7,
+            Kernel::Lanes8 => 8,
             Kernel::Lanes16 | Kernel::Lanes16Bytes => 16,
         }
     }
@@ -133,12 +134,16 @@ impl Kernel {
     /// accumulators, and they must fit in the registers beside the weights, scales and offsets.
     /// One row of 4-bit cells on 8 lanes takes 8, its scales and offsets read from memory
     /// ([`one_row::nibble_row`]): at 4 its products were no faster on 2 threads, at 8 they took
-    /// a quarter to a third less time (bench/results/2026-12-06-avx2-nibble-row-zen4).
+    /// a quarter to a third less time (bench/results/2026-12-06-avx2-nibble-row-zen4). From 2
+    /// rows the 8-lane kernel forms weights into memory a chunk at a time and holds only the
+    /// sums ([`avx2`]), so 2 rows take 4 units and 3 to 6 rows 2: each sum's chain of
+    /// multiply-adds waits 4 cycles a reduction row, and fewer chains left the FMA units idle
+    /// (bench/results/2026-12-06-avx2-rows-in-chunks).
     fn most_units(self, m: usize, values: CellValues) -> usize {
         match (self, m) {
             (Kernel::Lanes8, 1) if matches!(values, CellValues::Nibbles(_)) => 8,
             (_, 1 | 2) => 4,
-            (Kernel::Lanes8, 3 | 4) | (Kernel::Lanes16 | Kernel::Lanes16Bytes, 3..=8) => 2,
+            (Kernel::Lanes8, 3..=6) | (Kernel::Lanes16 | Kernel::Lanes16Bytes, 3..=8) => 2,
             _ => 1,
         }
     }
@@ -315,6 +320,33 @@ mod tests {
                 }
             }
         });
+    }
+
+    /// Every row count each kernel takes over cells of 32 rows (Q8_0 with f32 and f16 scales,
+    /// Q4_1, bf16, f16, Q4_0, Q5_1, IQ4_NL, Q5_0), with a reduction of a KC block and a cell
+    /// (the 8-lane kernel's chunks end with each cell) and widths of one group, an odd number
+    /// of groups and a padded last group: the chunks and the sums kept beside the weights are
+    /// separate code per row count, which the proptest reaches only by chance per format.
+    #[test]
+    fn every_row_count_over_32_row_cells_gives_the_f32_bits() {
+        for format in [0, 1, 3, 4, 7, 8, 9, 14, 15] {
+            for n in [8, 24, 45] {
+                let (packed, k) = packed_matrix(format, 9, n, 3);
+                for m in 1..=16 {
+                    let x: Vec<f32> = (0..m * k).map(|i| spread(i, 5, 700.0)).collect();
+                    let want = crate::few_rows::matmul(&x, &packed.to_dense(), m, k, n);
+                    for kernel in Kernel::supported() {
+                        if let Some(got) = matmul_by(kernel, &x, m, &packed) {
+                            let same = got
+                                .iter()
+                                .zip(&want)
+                                .all(|(g, e)| g.to_bits() == e.to_bits());
+                            assert!(same, "{kernel:?}, format {format}, [{m}, {n}]");
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// Every row count each kernel takes, for every K-quant cell type and widths of one group,
