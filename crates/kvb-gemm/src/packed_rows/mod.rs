@@ -329,24 +329,7 @@ mod tests {
     /// separate code per row count, which the proptest reaches only by chance per format.
     #[test]
     fn every_row_count_over_32_row_cells_gives_the_f32_bits() {
-        for format in [0, 1, 3, 4, 7, 8, 9, 14, 15] {
-            for n in [8, 24, 45] {
-                let (packed, k) = packed_matrix(format, 9, n, 3);
-                for m in 1..=16 {
-                    let x: Vec<f32> = (0..m * k).map(|i| spread(i, 5, 700.0)).collect();
-                    let want = crate::few_rows::matmul(&x, &packed.to_dense(), m, k, n);
-                    for kernel in Kernel::supported() {
-                        if let Some(got) = matmul_by(kernel, &x, m, &packed) {
-                            let same = got
-                                .iter()
-                                .zip(&want)
-                                .all(|(g, e)| g.to_bits() == e.to_bits());
-                            assert!(same, "{kernel:?}, format {format}, [{m}, {n}]");
-                        }
-                    }
-                }
-            }
-        }
+        every_row_count_gives_the_f32_bits(&[0, 1, 3, 4, 7, 8, 9, 14, 15], 9);
     }
 
     /// Every row count each kernel takes, for every K-quant cell type and widths of one group,
@@ -354,9 +337,15 @@ mod tests {
     /// are separate code, which the proptest above reaches only by chance per type.
     #[test]
     fn every_row_count_over_k_quant_cells_gives_the_f32_bits() {
-        for format in [2, 5, 6, 10, 11, 12, 13] {
+        every_row_count_gives_the_f32_bits(&[2, 5, 6, 10, 11, 12, 13], 16);
+    }
+
+    /// Rows 1 to 16 by `formats` with `blocks_per_row` cells of 32 rows, 1, 3 and 6 groups
+    /// wide (the last padded), against the f32 product, for every kernel that takes them.
+    fn every_row_count_gives_the_f32_bits(formats: &[usize], blocks_per_row: usize) {
+        for &format in formats {
             for n in [8, 24, 45] {
-                let (packed, k) = packed_matrix(format, 16, n, 3);
+                let (packed, k) = packed_matrix(format, blocks_per_row, n, 3);
                 for m in 1..=16 {
                     let x: Vec<f32> = (0..m * k).map(|i| spread(i, 5, 700.0)).collect();
                     let want = crate::few_rows::matmul(&x, &packed.to_dense(), m, k, n);
