@@ -391,9 +391,12 @@ pub(crate) mod avx512 {
             let ahead = cells.map(|c| c.wrapping_add(super::kcells::AHEAD * bytes));
             macro_rules! run {
                 ($k:expr) => {
-                    super::kcells::avx512::each_row::<1, $k, false>([cells], [ahead], |r, [w]| {
-                        _mm512_storeu_ps(out.add(r * stride), *w)
-                    })
+                    super::kcells::avx512::each_row::<1, $k, false>(
+                        [cells],
+                        [ahead],
+                        false,
+                        |r, [w]| _mm512_storeu_ps(out.add(r * stride), *w),
+                    )
                 };
             }
             super::kcells::by_kind!(values, run);

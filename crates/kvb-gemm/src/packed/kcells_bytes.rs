@@ -267,7 +267,8 @@ pub(crate) unsafe fn nibble_lane_index() -> __m512i {
 /// byte per column and pair of rows, the even row in its low nibble), with each 32-bit lane one
 /// column's 8 nibbles, row `r0 + i` in bits `4i..4i + 4`. A row is then a shift and a lookup
 /// (`_mm512_permutexvar_ps` reads an index's low 4 bits), where bytes widened per pair of rows
-/// take a join, a widening and a shift (bench/results/2026-12-05-f32-decode-floor).
+/// take a join, a widening and a shift (bench/results/2026-12-05-f32-decode-floor); Q4_K's
+/// rows for 1 or 2 rows of x, a mask and a conversion ([`super::kcells::avx512::byte_rows`]).
 ///
 /// # Safety
 /// The CPU has AVX-512 VBMI; the cells are whole cells laid out as `at`; `index` is

@@ -83,7 +83,7 @@ unsafe fn run_pairs<const R: usize, const P: usize, const BYTES: bool>(a: &Set) 
                     head.map(|h| h.map(|p| prefetch_target(p, c, cells, cell_bytes, 2 * P)));
                 macro_rules! run {
                     ($k:expr) => {
-                        kcells::avx512::each_row::<P, $k, BYTES>(head, ahead, |p, w| {
+                        kcells::avx512::each_row::<P, $k, BYTES>(head, ahead, R <= 2, |p, w| {
                             multiply_into(&mut acc, w, |r| xrow(r, p))
                         })
                     };
