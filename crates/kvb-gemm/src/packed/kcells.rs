@@ -694,14 +694,27 @@ pub(crate) mod avx512 {
                 }
             }
             for (half, (nibble, by)) in halves.iter().enumerate() {
-                let mut w = [_mm512_setzero_ps(); U];
-                for i in 0..U {
-                    let q = _mm512_cvtepi32_ps(_mm512_and_si512(lanes[i], *nibble));
-                    w[i] = _mm512_fmadd_ps(by[i], q, offset[i]);
-                }
-                row(2 * b + half, &w);
+                row(2 * b + half, &masked_weights(lanes, *nibble, by, offset));
             }
         }
+    }
+
+    /// `by * (lanes & nibble) + offset` per lane: a nibble masked in place (the high one of a
+    /// byte as `16 q`, which `by`, a sixteenth of the scale, takes back exactly), converted and
+    /// formed into its weight.
+    #[inline(always)]
+    pub(crate) unsafe fn masked_weights<const U: usize>(
+        lanes: &[__m512i; U],
+        nibble: __m512i,
+        by: &[__m512; U],
+        offset: &[__m512; U],
+    ) -> [__m512; U] {
+        let mut w = [_mm512_setzero_ps(); U];
+        for i in 0..U {
+            let q = _mm512_cvtepi32_ps(_mm512_and_si512(lanes[i], nibble));
+            w[i] = _mm512_fmadd_ps(by[i], q, offset[i]);
+        }
+        w
     }
 
     /// [`nibble_values`] for IQ4_XS and IQ4_NL: their table's 16 entries as f32.

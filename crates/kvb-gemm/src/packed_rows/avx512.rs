@@ -122,16 +122,10 @@ unsafe fn run_pairs<const R: usize, const P: usize, const BYTES: bool>(a: &Set) 
                     let (low, high) = (_mm512_set1_epi32(0x0f), _mm512_set1_epi32(0xf0));
                     for p in 0..rows / 2 {
                         let q = widened!(p);
-                        for i in 0..P {
-                            let lo = _mm512_cvtepi32_ps(_mm512_and_si512(q[i], low));
-                            wv[i] = _mm512_fmadd_ps(scale[i], lo, offset[i]);
-                        }
-                        multiply_into(&mut acc, &wv, |r| xrow(r, 2 * p));
-                        for i in 0..P {
-                            let hi = _mm512_cvtepi32_ps(_mm512_and_si512(q[i], high));
-                            wv[i] = _mm512_fmadd_ps(sixteenth[i], hi, offset[i]);
-                        }
-                        multiply_into(&mut acc, &wv, |r| xrow(r, 2 * p + 1));
+                        let w = kcells::avx512::masked_weights(&q, low, &scale, &offset);
+                        multiply_into(&mut acc, &w, |r| xrow(r, 2 * p));
+                        let w = kcells::avx512::masked_weights(&q, high, &sixteenth, &offset);
+                        multiply_into(&mut acc, &w, |r| xrow(r, 2 * p + 1));
                     }
                 } else if let CellValues::Nibbles(_) | CellValues::Iq4Nl = a.values {
                     for p in 0..rows / 2 {
