@@ -791,10 +791,6 @@ pub(crate) mod avx512 {
             for i in 0..U {
                 let sc = bytes(cells[i], at.sc + s * GROUP, signed);
                 scale[i] = _mm512_mul_ps(d[i], _mm512_cvtepi32_ps(sc));
-                if by_bytes {
-                    // Exact: a power of two (`kcells_bytes::row`'s values are times 2^24).
-                    scale[i] = _mm512_mul_ps(scale[i], _mm512_set1_ps(kcells_bytes::UNSCALE));
-                }
                 if !signed {
                     let m = _mm512_cvtepi32_ps(bytes(cells[i], at.m + s * GROUP, false));
                     let dm = _mm512_castps_si512(_mm512_mul_ps(dmin[i], m));
@@ -809,21 +805,11 @@ pub(crate) mod avx512 {
             for run in 0..at.sub_rows / 8 {
                 let r0 = s * at.sub_rows + run * 8;
                 if let Some(c) = &constants {
-                    let mut runs = [[_mm512_setzero_si512(); 2]; U];
+                    let mut runs = [[[_mm512_setzero_si512(); 2]; 2]; U];
                     for i in 0..U {
                         runs[i] = kcells_bytes::run::<K>(cells[i], &at, r0, c);
                     }
-                    for p in 0..4 {
-                        let mut w = [[_mm512_setzero_ps(); U]; 2];
-                        for i in 0..U {
-                            for half in 0..2 {
-                                let q = kcells_bytes::row(runs[i][half], p, c);
-                                w[half][i] = _mm512_fmadd_ps(scale[i], q, offset[i]);
-                            }
-                        }
-                        row(r0 + 2 * p, &w[0]);
-                        row(r0 + 2 * p + 1, &w[1]);
-                    }
+                    kcells_bytes::run_rows(&runs, c, &scale, &offset, |j, w| row(r0 + j, w));
                     continue;
                 }
                 if high_bits {

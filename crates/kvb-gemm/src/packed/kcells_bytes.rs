@@ -1,11 +1,15 @@
 //! Q5_K and Q6_K values assembled with byte permutes (AVX-512 VBMI), for the 16-lane f32
 //! kernels: a run of 8 rows of two cells (128 weights) is joined from its nibbles and top bits
 //! in 64-byte registers with a handful of instructions, where the 16-byte path
-//! ([`super::kcells`]'s `six_bit_pair`) spends about ten per 32 weights. Each row's 16 integers
-//! are then moved into the top byte of their 32-bit lanes by one permute, so the f32 conversion
-//! gives `q * 2^24` exactly, and the kernel scales by `scale * 2^-24` (exact: a power of two):
-//! `fma(scale * 2^-24, q * 2^24, offset)` rounds the same real number as
-//! `fma(scale, q, offset)`, so the weights keep their bits.
+//! ([`super::kcells`]'s `six_bit_pair`) spends about ten per 32 weights.
+//!
+//! The rows are then made f32 with no conversion: the f32 of an integer of at most 6 bits has
+//! only its top two bytes set, so each integer is looked up twice (those two bytes), and one
+//! permute places two rows' top halves in each 32-bit lane, which a shift and a logical
+//! instruction part. The weights are the integers themselves, so `fma(scale, q, offset)` keeps
+//! their bits. Per 8 rows this takes 8 permutes where placing each row's integers and
+//! converting them took 10 and 8 conversions, all of which share the FMAs' cycles on Zen 4
+//! (bench/results/2026-12-07-q6k-rows-without-conversion).
 //!
 //! The permutes are written as `asm!` so that the kernels, compiled for AVX-512F alone, take
 //! them only where [`crate::cpu`] found VBMI (an intrinsic would need the whole kernel compiled
@@ -35,26 +39,6 @@ unsafe fn look_up(idx: __m512i, table: __m512i) -> __m512i {
     out
 }
 
-/// Byte `j` of the result is `bytes[idx[j] - 64]` where `idx[j] >= 64`, else zero
-/// (`vpermt2b` over a zeroed first table).
-///
-/// # Safety
-/// The CPU has AVX-512 VBMI.
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn place(idx: __m512i, bytes: __m512i) -> __m512i {
-    let mut out = _mm512_setzero_si512();
-    // SAFETY: the caller found VBMI; the instruction reads only registers.
-    unsafe {
-        asm!(
-            "vpermt2b {out}, {idx}, {bytes}",
-            out = inout(zmm_reg) out, idx = in(zmm_reg) idx, bytes = in(zmm_reg) bytes,
-            options(pure, nomem, nostack, preserves_flags),
-        )
-    };
-    out
-}
-
 /// The permutes and tables of one cell type, as bytes ([`Constants`] loads them).
 #[repr(C, align(64))]
 struct Tables {
@@ -65,11 +49,15 @@ struct Tables {
     even_shift: [u64; 8],
     /// The same for row `2p + 1`.
     odd_shift: [u64; 8],
-    /// A 6-bit index to the integer the cell type defines (Q6_K's less 32; Q5_K's index with
-    /// the bits above its fifth ignored).
-    values: [u8; 64],
-    /// Per pair of rows `p`: each 32-bit lane's top byte from the lane's value, the rest zero.
-    rows: [[u8; 64]; 4],
+    /// A 6-bit index (Q5_K's with the bits above its fifth ignored) to byte 3 (sign and
+    /// exponent) of the f32 of the integer the cell type defines.
+    top: [u8; 64],
+    /// The same index to byte 2 of that f32.
+    second: [u8; 64],
+    /// Per half `h` of a run: places each 32-bit lane's two 16-bit halves, the top halves of
+    /// the f32 of row pairs `2h` (low half) and `2h + 1`, from [`Self::top`]'s bytes (indices
+    /// below 64) and [`Self::second`]'s (64 and above).
+    row_pairs: [[u8; 64]; 2],
 }
 
 impl Tables {
@@ -87,8 +75,9 @@ impl Tables {
             spread_high: [0; 64],
             even_shift: [0; 8],
             odd_shift: [0; 8],
-            values: [0; 64],
-            rows: [[0; 64]; 4],
+            top: [0; 64],
+            second: [0; 64],
+            row_pairs: [[0; 64]; 2],
         };
         let mut j = 0;
         while j < 64 {
@@ -98,18 +87,21 @@ impl Tables {
             } else {
                 c * 8 + lane
             }) as u8;
-            t.values[j] = if q6 {
-                (j as i8 - 32) as u8
+            let value = if q6 {
+                j as i32 - 32
             } else {
-                ((j % 32) as i8 - centre) as u8
+                (j % 32) as i32 - centre as i32
             };
-            let k = j / 4;
-            let mut p = 0;
-            while p < 4 {
-                if j % 4 == 3 {
-                    t.rows[p][j] = (64 + k / 8 * 32 + p * 8 + k % 8) as u8;
-                }
-                p += 1;
+            // At most 6 significant bits: bytes 0 and 1 of the f32 are zero.
+            let float = (value as f32).to_bits();
+            t.top[j] = (float >> 24) as u8;
+            t.second[j] = (float >> 16) as u8;
+            let (k, mut h) = (j / 4, 0);
+            while h < 2 {
+                let from = (k / 8 * 32 + (2 * h + j % 4 / 2) * 8 + k % 8) as u8;
+                // Bytes 0 and 2 from `second`, 1 and 3 from `top`.
+                t.row_pairs[h][j] = if j % 2 == 0 { 64 + from } else { from };
+                h += 1;
             }
             if j < 8 {
                 t.even_shift[j] = even[j % 4];
@@ -130,8 +122,9 @@ pub(crate) struct Constants {
     spread_high: __m512i,
     even_shift: __m512i,
     odd_shift: __m512i,
-    values: __m512i,
-    rows: [__m512i; 4],
+    top: __m512i,
+    second: __m512i,
+    row_pairs: [__m512i; 2],
 }
 
 impl Constants {
@@ -170,8 +163,9 @@ impl Constants {
             spread_high: load(t.spread_high.as_ptr()),
             even_shift: load(t.even_shift.as_ptr() as *const u8),
             odd_shift: load(t.odd_shift.as_ptr() as *const u8),
-            values: load(t.values.as_ptr()),
-            rows: [0, 1, 2, 3].map(|p| load(t.rows[p].as_ptr())),
+            top: load(t.top.as_ptr()),
+            second: load(t.second.as_ptr()),
+            row_pairs: [0, 1].map(|h| load(t.row_pairs[h].as_ptr())),
         }
     }
 }
@@ -192,8 +186,9 @@ unsafe fn joined_nibbles([a, b]: [*const u8; 2], at: &Layout, r0: usize) -> __m5
 }
 
 /// Rows `r0..r0 + 8` of the cells `[a, b]` of kind `K` (a Q5_K or Q6_K cell of two groups
-/// side by side): `[even, odd]`, row `r0 + 2p` (or `+ 1`) of cell `c`, lane `lane`, as the
-/// signed byte at `32c + 8p + lane`, the integer [`super::kcells::parts`] defines.
+/// side by side), for [`rows`]: `[even, odd]`, each the top two bytes (`[3, 2]`) of the f32
+/// of the integer [`super::kcells::parts`] defines for row `r0 + 2p` (or `+ 1`) of cell `c`,
+/// lane `lane`, at `32c + 8p + lane`.
 ///
 /// # Safety
 /// The CPU has AVX-512 VBMI; the cells are whole cells of kind `K` laid out as `at`.
@@ -204,7 +199,7 @@ pub(crate) unsafe fn run<const K: u8>(
     at: &Layout,
     r0: usize,
     c: &Constants,
-) -> [__m512i; 2] {
+) -> [[__m512i; 2]; 2] {
     let nibbles = joined_nibbles([a, b], at, r0);
     let high = if K == KIND_Q6K {
         let o = at.high + r0 / 4 * GROUP;
@@ -226,18 +221,65 @@ pub(crate) unsafe fn run<const K: u8>(
         _mm512_srli_epi64::<4>(nibbles),
         _mm512_rolv_epi64(high, c.odd_shift),
     );
-    [look_up(even, c.values), look_up(odd, c.values)]
+    // Lookups read an index's low 6 bits.
+    [even, odd].map(|i| [look_up(i, c.top), look_up(i, c.second)])
 }
 
-/// Row `2p` (of `even`) or `2p + 1` (of `odd`) from [`run`]'s bytes as 16 f32: each integer
-/// times 2^24, exactly.
+/// Rows `4h` and `4h + 2` (of `even`) or `4h + 1` and `4h + 3` (of `odd`) of a [`run`] as 16
+/// f32 each, the integers themselves: one permute places both rows' top halves in each 32-bit
+/// lane, a shift and a logical instruction part them.
 ///
 /// # Safety
-/// The CPU has AVX-512 VBMI.
+/// The CPU has AVX-512 VBMI; `c` holds the run's constants.
 #[inline]
 #[target_feature(enable = "avx512f")]
-pub(crate) unsafe fn row(bytes: __m512i, p: usize, c: &Constants) -> __m512 {
-    _mm512_cvtepi32_ps(place(c.rows[p], bytes))
+unsafe fn rows([top, second]: [__m512i; 2], h: usize, c: &Constants) -> [__m512; 2] {
+    let mut both = top;
+    // SAFETY: the caller found VBMI; the instruction reads only registers.
+    unsafe {
+        asm!(
+            "vpermt2b {both}, {idx}, {second}",
+            both = inout(zmm_reg) both, idx = in(zmm_reg) c.row_pairs[h], second = in(zmm_reg) second,
+            options(pure, nomem, nostack, preserves_flags),
+        )
+    };
+    [
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(both)),
+        _mm512_castsi512_ps(_mm512_and_si512(both, _mm512_set1_epi32(-65536))),
+    ]
+}
+
+/// The 8 rows of `U` pairs' [`run`]s, in order: `row(j, w)` with row `j`'s weights,
+/// `fma(scale, q, offset)` per pair, `q` the integers as f32.
+///
+/// # Safety
+/// The CPU has AVX-512 VBMI; `c` holds the runs' constants.
+#[inline(always)]
+pub(crate) unsafe fn run_rows<const U: usize>(
+    runs: &[[[__m512i; 2]; 2]; U],
+    c: &Constants,
+    scale: &[__m512; U],
+    offset: &[__m512; U],
+    mut row: impl FnMut(usize, &[__m512; U]),
+) {
+    for h in 0..2 {
+        // [parity][pair][row 4h + parity, row 4h + 2 + parity]
+        let mut q = [[[_mm512_setzero_ps(); 2]; U]; 2];
+        for i in 0..U {
+            for (parity, by_pair) in q.iter_mut().enumerate() {
+                by_pair[i] = rows(runs[i][parity], h, c);
+            }
+        }
+        for later in 0..2 {
+            for (parity, by_pair) in q.iter().enumerate() {
+                let mut w = [_mm512_setzero_ps(); U];
+                for i in 0..U {
+                    w[i] = _mm512_fmadd_ps(scale[i], by_pair[i][later], offset[i]);
+                }
+                row(4 * h + 2 * later + parity, &w);
+            }
+        }
+    }
 }
 
 /// Byte `4l + k` of [`nibble_lanes`]' result comes from byte `32 (l / 8) + 8k + l % 8` of the
@@ -284,6 +326,3 @@ pub(crate) unsafe fn nibble_lanes(
     let nibbles = joined_nibbles([a, b], at, r0);
     look_up(index, nibbles)
 }
-
-/// 2^-24: what [`row`]'s values are scaled by.
-pub(crate) const UNSCALE: f32 = 1.0 / 16_777_216.0;

@@ -18,9 +18,11 @@ use std::arch::x86_64::*;
 /// The CPU has AVX-512F, and AVX-512 VBMI with `bytes`.
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn run_set(m: usize, pairs: usize, bytes: bool, set: &Set) {
-    // Past a few rows Q5_K's and Q6_K's byte permutes cost more than they save: each row's 16
-    // weights take a permute where the 16-byte path shares its work between two rows
-    // (bench/results/2026-11-27-q6k-bytes). 4-bit cells' nibble lanes save at any row count.
+    // Past a few rows Q5_K's and Q6_K's byte permutes cost more than they save: the 16-byte
+    // path shares its work between two rows (bench/results/2026-11-27-q6k-bytes; placing two
+    // rows a permute since, 5 to 8 rows measured mixed on Zen 4:
+    // bench/results/2026-12-07-q6k-rows-without-conversion). 4-bit cells' nibble lanes save at
+    // any row count.
     let nibbles = matches!(set.values, CellValues::Q4K | CellValues::IQ4XS);
     if bytes && (m <= 4 || nibbles) {
         run_shape::<true>(m, pairs, set)
@@ -154,31 +156,21 @@ unsafe fn run_pairs<const R: usize, const P: usize, const BYTES: bool>(a: &Set) 
                 }
             }
             CellValues::FiveBits(s) => {
-                let (mut scale, offset) = pair_scales(s, &head);
+                let (scale, offset) = pair_scales(s, &head);
                 let values = s.head_bytes();
                 let mut wv = [_mm512_setzero_ps(); P];
                 if BYTES {
-                    // Q5_K's byte permutes: each integer times 2^24, scaled by 2^-24 (exact).
+                    // Q5_K's byte permutes (`kcells_bytes`).
                     let c = kcells_bytes::Constants::five_bits(five_bits::signed(s));
                     let at = five_bits::layout(s);
-                    let unscale = _mm512_set1_ps(kcells_bytes::UNSCALE);
-                    for sc in scale.iter_mut() {
-                        *sc = _mm512_mul_ps(*sc, unscale);
-                    }
                     for r8 in (0..rows).step_by(8) {
-                        let mut runs = [[_mm512_setzero_si512(); 2]; P];
+                        let mut runs = [[[_mm512_setzero_si512(); 2]; 2]; P];
                         for (run, h) in runs.iter_mut().zip(&head) {
                             *run = kcells_bytes::run::<{ kcells::KIND_Q5K }>(*h, &at, r8, &c);
                         }
-                        for p in 0..4 {
-                            for half in 0..2 {
-                                for i in 0..P {
-                                    let q = kcells_bytes::row(runs[i][half], p, &c);
-                                    wv[i] = _mm512_fmadd_ps(scale[i], q, offset[i]);
-                                }
-                                multiply_into(&mut acc, &wv, |r| xrow(r, r8 + 2 * p + half));
-                            }
-                        }
+                        kcells_bytes::run_rows(&runs, &c, &scale, &offset, |j, w| {
+                            multiply_into(&mut acc, w, |r| xrow(r, r8 + j))
+                        });
                     }
                 } else {
                     // The sign a constant in each copy of the loop, which then keeps to registers.
