@@ -19,10 +19,10 @@ use std::arch::x86_64::*;
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn run_set(m: usize, pairs: usize, bytes: bool, set: &Set) {
     // Past a few rows Q5_K's and Q6_K's byte permutes cost more than they save: the 16-byte
-    // path shares its work between two rows (bench/results/2026-11-27-q6k-bytes; placing two
-    // rows a permute since, 5 to 8 rows measured mixed on Zen 4:
-    // bench/results/2026-12-07-q6k-rows-without-conversion). 4-bit cells' nibble lanes save at
-    // any row count.
+    // path shares its work between two rows (bench/results/2026-11-27-q6k-bytes). With two
+    // rows a permute, 5 to 8 rows measured mixed on Zen 4
+    // (bench/results/2026-12-07-q6k-rows-without-conversion), so the limit stays at 4.
+    // 4-bit cells' nibble lanes save at any row count.
     let nibbles = matches!(set.values, CellValues::Q4K | CellValues::IQ4XS);
     if bytes && (m <= 4 || nibbles) {
         run_shape::<true>(m, pairs, set)
