@@ -8,8 +8,10 @@
 //! permute places two rows' top halves in each 32-bit lane, which a shift and a logical
 //! instruction part. The weights are the integers themselves, so `fma(scale, q, offset)` keeps
 //! their bits. Per 8 rows this takes 8 permutes where placing each row's integers and
-//! converting them took 10 and 8 conversions, all of which share the FMAs' cycles on Zen 4
-//! (bench/results/2026-12-07-q6k-rows-without-conversion).
+//! converting them took 10 permutes and 8 conversions
+//! (bench/results/2026-12-07-q6k-rows-without-conversion). On Zen 4 a permute takes a third of
+//! an FMA's slot or more, a conversion the pipe the shifts share
+//! (bench/results/2026-12-07-zen4-vector-pipes).
 //!
 //! The permutes are written as `asm!` so that the kernels, compiled for AVX-512F alone, take
 //! them only where [`crate::cpu`] found VBMI (an intrinsic would need the whole kernel compiled
