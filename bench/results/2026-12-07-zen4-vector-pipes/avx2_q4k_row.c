@@ -13,7 +13,8 @@
  "vpand %%ymm6,%%ymm9,%%ymm9\n\t" "vcvtdq2ps %%ymm9,%%ymm9\n\t" "vfmadd213ps %%ymm12,%%ymm11,%%ymm9\n\t" "vfmadd213ps %%ymm" #acc ",%%ymm8,%%ymm9\n\t" \
  "vcvtdq2ps %%ymm10,%%ymm" #acc "\n\t" "vfmadd213ps %%ymm12,%%ymm11,%%ymm" #acc "\n\t" "vfmadd213ps %%ymm9,%%ymm7,%%ymm" #acc "\n\t"
 BODY(loop, "vbroadcastss 0x200(%0),%%ymm8\n\t" "vbroadcastss 0x204(%0),%%ymm7\n\t" GRP(0,0,32,0) GRP(64,64,96,1) GRP(128,128,160,2) GRP(192,192,224,4))
-// the same with scale and offset in registers (no stack loads)
+// the same with scale and offset in registers (no stack loads; one pair for all 4 groups, which the
+// kernel cannot hold in 16 registers: an upper bound, not a form it can take)
 #define GRPR(off, sc, of, acc) \
  "vpmovzxbd " #off "(%0),%%ymm9\n\t" "vpsrld $4,%%ymm9,%%ymm10\n\t" \
  "vpand %%ymm6,%%ymm9,%%ymm9\n\t" "vcvtdq2ps %%ymm9,%%ymm9\n\t" "vfmadd213ps %%ymm12,%%ymm11,%%ymm9\n\t" "vfmadd213ps %%ymm" #acc ",%%ymm8,%%ymm9\n\t" \
