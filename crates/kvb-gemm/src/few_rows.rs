@@ -24,6 +24,7 @@
 //! kernels ran: a sequence batched with others computes bit for bit what it computes alone
 //! (`tests::matches_matrixmultiply_bit_for_bit`).
 
+use crate::tile::Tile;
 use rayon::prelude::*;
 
 /// Output columns per band: two 8-lane vectors.
@@ -77,39 +78,41 @@ pub(crate) fn column_task_width(n: usize, unit: usize) -> usize {
 }
 
 /// `y [m, n]` computed in parallel tasks, each owning columns `j0..j0 + cols` (`width` wide, the
-/// last narrower) and filling them through `fill(j0, cols, tile)` into its `[m, cols]` tile.
+/// last narrower) and filling them through `fill(j0, cols, tile)`, the tile being those columns
+/// of `y`'s rows, in place.
 pub(crate) fn in_column_ranges(
     m: usize,
     n: usize,
     width: usize,
-    fill: impl Fn(usize, usize, &mut [f32]) + Sync,
+    fill: impl Fn(usize, usize, &mut Tile) + Sync,
 ) -> Vec<f32> {
+    assert!(width > 0, "column tasks of no width");
     let mut y = vec![0f32; m * n];
-    if m == 1 {
-        // One row (a decode step): a task's tile is its slice of the output; no copy.
-        y.par_chunks_mut(width).enumerate().for_each(|(t, tile)| {
-            fill(t * width, tile.len(), tile);
-        });
-        return y;
-    }
-    let tiles: Vec<Vec<f32>> = (0..n.div_ceil(width))
-        .into_par_iter()
-        .map(|t| {
-            let j0 = t * width;
-            let cols = width.min(n - j0);
-            let mut tile = vec![0f32; m * cols];
-            fill(j0, cols, &mut tile);
-            tile
-        })
-        .collect();
-    for (t, tile) in tiles.iter().enumerate() {
+    let out = Output(y.as_mut_ptr());
+    (0..n.div_ceil(width)).into_par_iter().for_each(|t| {
         let j0 = t * width;
-        let cols = tile.len() / m.max(1);
-        for r in 0..m {
-            y[r * n + j0..r * n + j0 + cols].copy_from_slice(&tile[r * cols..(r + 1) * cols]);
-        }
-    }
+        let cols = width.min(n - j0);
+        // SAFETY: `y` holds m rows of n values and outlives the tasks; task `t` alone writes
+        // columns `j0..j0 + cols` of them.
+        let mut tile = unsafe { Tile::from_raw(out.at(j0), m, cols, n) };
+        fill(j0, cols, &mut tile);
+    });
     y
+}
+
+/// Where the column tasks write: `y`'s first value.
+#[derive(Clone, Copy)]
+struct Output(*mut f32);
+
+// SAFETY: the tasks write disjoint columns through it (`in_column_ranges`).
+unsafe impl Send for Output {}
+unsafe impl Sync for Output {}
+
+impl Output {
+    /// Column `j` of the first row (a method, so closures capture the `Sync` wrapper).
+    fn at(self, j: usize) -> *mut f32 {
+        self.0.wrapping_add(j)
+    }
 }
 
 /// [`matmul`] for few rows and a wide weight: each task owns a range of columns and reads the
@@ -125,7 +128,7 @@ fn streamed(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
     })
 }
 
-/// Columns `j0..j0 + cols` of `y` into `tile` (`[m, cols]`).
+/// Columns `j0..j0 + cols` of `y` into `tile` (m rows of `cols`).
 #[allow(clippy::too_many_arguments)]
 fn columns(
     x: &[f32],
@@ -135,7 +138,7 @@ fn columns(
     n: usize,
     j0: usize,
     cols: usize,
-    tile: &mut [f32],
+    tile: &mut Tile,
 ) {
     #[cfg(target_arch = "x86_64")]
     {
@@ -144,7 +147,7 @@ fn columns(
             // SAFETY: the CPU supports AVX2 and FMA (checked above); the kernel reads x rows
             // `0..m` (k each), w rows `0..k` at columns `j0..j0 + full` (within n), and writes
             // tile columns `0..full` of rows `0..m`.
-            unsafe { avx2::bands(x, w, m, k, n, j0, full, tile, cols) };
+            unsafe { avx2::bands(x, w, m, k, n, j0, full, tile) };
             portable(x, w, m, k, n, j0 + full, full, cols, tile);
             return;
         }
@@ -163,7 +166,7 @@ fn portable(
     j: usize,
     from: usize,
     cols: usize,
-    tile: &mut [f32],
+    tile: &mut Tile,
 ) {
     let width = cols - from;
     if width == 0 {
@@ -172,7 +175,7 @@ fn portable(
     let fused = has_fma();
     let mut acc = vec![0f32; width];
     for r in 0..m {
-        let out = &mut tile[r * cols + from..r * cols + cols];
+        let out = &mut tile.row(r)[from..cols];
         for k0 in (0..k).step_by(KC) {
             acc.fill(0.0);
             for i in k0..(k0 + KC).min(k) {
@@ -195,7 +198,7 @@ fn portable(
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{BAND, KC};
+    use super::{Tile, BAND, KC};
     use std::arch::x86_64::*;
 
     /// `tile = acc` for the first reduction block, `tile += acc` after it.
@@ -246,7 +249,7 @@ mod avx2 {
         }
     }
 
-    /// Columns `j0..j0 + cols` of `y = x · w` into `tile` (`[m, cols]`, m at most 4), reading the
+    /// Columns `j0..j0 + cols` of `y = x · w` into `tile` (m rows, at most 4), reading the
     /// weight row by row. Per output element the same sums as [`bands`]: each 256-row block
     /// summed from zero by fused multiply-adds in row order, the blocks added in order.
     #[target_feature(enable = "avx2,fma")]
@@ -259,7 +262,7 @@ mod avx2 {
         n: usize,
         j0: usize,
         cols: usize,
-        tile: &mut [f32],
+        tile: &mut Tile,
     ) {
         debug_assert!(m <= 4);
         let mut acc = vec![0f32; m * cols];
@@ -289,14 +292,15 @@ mod avx2 {
                     }
                 }
             }
-            for (t, a) in tile.iter_mut().zip(&acc) {
-                *t = if k0 == 0 { *a } else { *t + *a };
+            for (r, acc) in acc.chunks_exact(cols).enumerate() {
+                for (t, a) in tile.row(r).iter_mut().zip(acc) {
+                    *t = if k0 == 0 { *a } else { *t + *a };
+                }
             }
         }
     }
 
-    /// Bands of 16 columns: tile columns `0..full`, output columns `j0..j0 + full`; `stride` is
-    /// the tile's row length.
+    /// Bands of 16 columns: tile columns `0..full`, output columns `j0..j0 + full`.
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn bands(
@@ -307,10 +311,10 @@ mod avx2 {
         n: usize,
         j0: usize,
         full: usize,
-        tile: &mut [f32],
-        stride: usize,
+        tile: &mut Tile,
     ) {
-        let (xp, wp, tp) = (x.as_ptr(), w.as_ptr(), tile.as_mut_ptr());
+        assert!(tile.rows() >= m && tile.cols() >= full);
+        let (xp, wp, stride, tp) = (x.as_ptr(), w.as_ptr(), tile.stride(), tile.as_mut_ptr());
         // A band's rows lie `n` floats apart: when that is a multiple of 4 KiB (the LM head's
         // 49,152 columns, the MLP's 3,072) every row of the band falls in the same cache sets,
         // and each group of 4 input rows would fetch the band from memory again (measured: the
@@ -431,6 +435,26 @@ mod tests {
                         "[{m}, {k}] x [{k}, {n}], element {i}"
                     );
                 }
+            }
+        }
+    }
+
+    proptest! {
+        /// The column tasks write their tiles in place: every value of `y` comes from the task
+        /// owning its column, at its row, whatever the widths (a last task narrower).
+        #[test]
+        fn column_tasks_fill_their_own_columns(m in 1usize..9, n in 1usize..70, width in 1usize..20) {
+            let y = in_column_ranges(m, n, width, |j0, cols, tile| {
+                assert_eq!((tile.rows(), tile.cols()), (m, cols));
+                for r in 0..m {
+                    for (c, v) in tile.row(r).iter_mut().enumerate() {
+                        *v = (r * 1000 + j0 + c) as f32;
+                    }
+                }
+            });
+            prop_assert_eq!(y.len(), m * n);
+            for (i, v) in y.iter().enumerate() {
+                prop_assert_eq!(*v, ((i / n) * 1000 + i % n) as f32, "element {}", i);
             }
         }
     }

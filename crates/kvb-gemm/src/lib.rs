@@ -37,6 +37,7 @@ pub mod packed_rows;
 pub mod strided;
 #[doc(hidden)]
 pub mod test_values;
+mod tile;
 
 pub use blocked::{matmul, DenseWeight, WeightPanels};
 pub use cpu::{cpu, isa, CpuFeatures, Isa};

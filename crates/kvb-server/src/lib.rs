@@ -4,6 +4,7 @@
 //! a library so that the server can be embedded and so that what reads outside input (request
 //! bodies, replay request files) can be fuzzed directly (`fuzz/` at the workspace root).
 
+pub mod allocator;
 pub mod backend;
 pub mod commands;
 pub mod model_arg;

@@ -7,7 +7,7 @@
 //! line per request out (its fields are documented in docs/guide.md and in `commands/replay.rs`).
 
 use clap::{Parser, Subcommand};
-use kvb_server::{commands, model_arg, serve};
+use kvb_server::{allocator, commands, model_arg, serve};
 
 #[derive(Parser)]
 #[command(
@@ -39,6 +39,7 @@ enum Command {
 }
 
 fn main() {
+    allocator::keep_freed_memory();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Generate(args) => commands::generate::run(args),

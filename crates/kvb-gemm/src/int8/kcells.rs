@@ -19,6 +19,7 @@ use super::{QuantizedRows, BLOCK};
 use crate::few_rows::{column_task_width, in_column_ranges};
 use crate::packed::kcells::{self, parts, Layout, ROWS};
 use crate::packed::{CellOrder, CellValues, PackedMatrix, GROUP};
+use crate::tile::Tile;
 
 /// Rows one kernel call keeps in registers at most (AVX-512's 32 registers: a sum and an
 /// output per row).
@@ -40,14 +41,14 @@ pub(super) fn matmul(a: &QuantizedRows, w: &PackedMatrix, kernel: Kernel) -> Vec
     })
 }
 
-/// Columns `j0..j0 + cols` (`j0` a multiple of 8) of `y` into `tile` (`[m, cols]`).
+/// Columns `j0..j0 + cols` (`j0` a multiple of 8) of `y` into `tile` (m rows of `cols`).
 pub(super) fn columns(
     a: &QuantizedRows,
     w: &PackedMatrix,
     kernel: Kernel,
     j0: usize,
     cols: usize,
-    tile: &mut [f32],
+    tile: &mut Tile,
 ) {
     assert_eq!(
         a.k,
@@ -108,8 +109,8 @@ pub(super) fn columns(
                 let first = (g - g0) * GROUP;
                 let width = lanes.min(cols - first);
                 for r in 0..rows {
-                    let at = (r0 + r) * cols + first;
-                    tile[at..at + width].copy_from_slice(&out[r * lanes..r * lanes + width]);
+                    tile.row(r0 + r)[first..first + width]
+                        .copy_from_slice(&out[r * lanes..r * lanes + width]);
                 }
             }
             g += groups;

@@ -3,6 +3,7 @@
 
 use super::{IntDotMatrix, QuantizedRows, BLOCK, LANES};
 use crate::few_rows::{column_task_width, in_column_ranges};
+use crate::tile::Tile;
 
 /// Rows one kernel call keeps in registers (an i32 sum and an f32 output each, beside the
 /// weights).
@@ -100,14 +101,14 @@ pub(super) fn matmul_quantized(a: &QuantizedRows, w: &IntDotMatrix, kernel: Kern
     })
 }
 
-/// Columns `j0..j0 + cols` (`j0` a multiple of 16) of `y` into `tile` (`[m, cols]`).
+/// Columns `j0..j0 + cols` (`j0` a multiple of 16) of `y` into `tile` (m rows of `cols`).
 pub(super) fn columns(
     a: &QuantizedRows,
     w: &IntDotMatrix,
     kernel: Kernel,
     j0: usize,
     cols: usize,
-    tile: &mut [f32],
+    tile: &mut Tile,
 ) {
     if let Some(cells) = &w.kcells {
         return super::kcells::columns(a, cells, kernel, j0, cols, tile);
@@ -152,9 +153,9 @@ pub(super) fn columns(
                     let first = (g + j - g0) * LANES;
                     let width = LANES.min(cols - first);
                     for r in 0..rows {
-                        let at = (r0 + r) * cols + first;
                         let from = (r * groups + j) * LANES;
-                        tile[at..at + width].copy_from_slice(&out[from..from + width]);
+                        tile.row(r0 + r)[first..first + width]
+                            .copy_from_slice(&out[from..from + width]);
                     }
                 }
             }

@@ -4,6 +4,7 @@ use super::products::{columns, matmul_quantized, Kernel};
 use super::{IntDotMatrix, QuantizedRows, BLOCK};
 use crate::packed::{CellOrder, PackedMatrix};
 use crate::test_values::{packed_matrix, spread};
+use crate::tile::Tile;
 use proptest::prelude::*;
 use std::sync::Arc;
 
@@ -77,7 +78,7 @@ proptest! {
             // All columns as one task too: the split over threads gives a task a group or two
             // at these widths, and a task of many groups runs the two-group tiles.
             let mut one_task = vec![0f32; m * n];
-            columns(&a, &w, kernel, 0, n, &mut one_task);
+            columns(&a, &w, kernel, 0, n, &mut Tile::whole(&mut one_task, m, n));
             for (i, ((g, o), e)) in got.iter().zip(&one_task).zip(&want).enumerate() {
                 prop_assert_eq!(g.to_bits(), e.to_bits(), "{:?}, element {} of [{}, {}]", kernel, i, m, n);
                 prop_assert_eq!(o.to_bits(), e.to_bits(), "{:?} in one task, element {} of [{}, {}]", kernel, i, m, n);

@@ -16,6 +16,8 @@ use crate::few_rows::{column_task_width, in_column_ranges, KC};
 #[cfg(target_arch = "x86_64")]
 use crate::packed::widen_floats;
 use crate::packed::{CellValues, PackedMatrix, GROUP};
+#[cfg(target_arch = "x86_64")]
+use crate::tile::Tile;
 
 /// `y [m, n] = x [m, k] · w`, or `None` where the CPU lacks AVX2 and FMA or `m` is above what
 /// its kernel takes ([`Kernel::max_rows`]; the caller then takes the general path).
@@ -188,14 +190,14 @@ fn prefetch_target(
     }
 }
 
-/// Columns `j0..j0 + cols` (`j0` a multiple of 8) of `y` into `tile` (`[m, cols]`) from `x`
+/// Columns `j0..j0 + cols` (`j0` a multiple of 8) of `y` into `tile` (m rows of `cols`) from `x`
 /// laid out as `[k, m]`, in sets of up to 4 units (8 for one row of 4-bit cells on the 8-lane
 /// kernel; independent accumulator chains): the fewer the rows, the more units share one pass
 /// over them. An odd last group is read twice (as its own pair, or as the padding of a set) and
 /// only its own lanes kept.
 ///
 /// # Safety
-/// The CPU has `kernel`'s instructions; `x` holds `k * m` values; `tile` holds `m * cols`.
+/// The CPU has `kernel`'s instructions; `x` holds `k * m` values; `tile` holds m rows of `cols`.
 #[cfg(target_arch = "x86_64")]
 unsafe fn columns(
     kernel: Kernel,
@@ -204,7 +206,7 @@ unsafe fn columns(
     w: &PackedMatrix,
     j0: usize,
     cols: usize,
-    tile: &mut [f32],
+    tile: &mut Tile,
 ) {
     let (g0, g1) = (j0 / GROUP, (j0 + cols).div_ceil(GROUP));
     let unit_groups = kernel.unit_groups();
@@ -235,8 +237,7 @@ unsafe fn columns(
         let first = (g - g0) * GROUP;
         let width = stride.min(cols - first);
         for r in 0..m {
-            tile[r * cols + first..r * cols + first + width]
-                .copy_from_slice(&out[r * stride..r * stride + width]);
+            tile.row(r)[first..first + width].copy_from_slice(&out[r * stride..r * stride + width]);
         }
         g += units * unit_groups;
     }
