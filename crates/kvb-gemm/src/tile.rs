@@ -15,9 +15,6 @@ pub(crate) struct Tile<'a> {
     _out: PhantomData<&'a mut [f32]>,
 }
 
-// SAFETY: a tile is a set of `&mut` row slices; what holds for `&mut [f32]` holds for it.
-unsafe impl Send for Tile<'_> {}
-
 impl<'a> Tile<'a> {
     /// All of `out` as `rows` contiguous rows of `cols` values.
     #[cfg(test)]
