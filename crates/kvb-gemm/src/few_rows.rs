@@ -24,8 +24,8 @@
 //! kernels ran: a sequence batched with others computes bit for bit what it computes alone
 //! (`tests::matches_matrixmultiply_bit_for_bit`).
 
+use crate::column_tasks::in_column_ranges;
 use crate::tile::Tile;
-use rayon::prelude::*;
 
 /// Output columns per band: two 8-lane vectors.
 const BAND: usize = 16;
@@ -68,51 +68,6 @@ pub fn matmul(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
     in_column_ranges(m, n, width, |j0, cols, tile| {
         columns(x, w, m, k, n, j0, cols, tile)
     })
-}
-
-/// The width of [`in_column_ranges`]' tasks over `n` columns in whole units of `unit`: several
-/// tasks per thread, so that uneven cores even out.
-pub(crate) fn column_task_width(n: usize, unit: usize) -> usize {
-    let tasks = 4 * rayon::current_num_threads();
-    n.div_ceil(unit).div_ceil(tasks).max(1) * unit
-}
-
-/// `y [m, n]` computed in parallel tasks, each owning columns `j0..j0 + cols` (`width` wide, the
-/// last narrower) and filling them through `fill(j0, cols, tile)`, the tile being those columns
-/// of `y`'s rows, in place.
-pub(crate) fn in_column_ranges(
-    m: usize,
-    n: usize,
-    width: usize,
-    fill: impl Fn(usize, usize, &mut Tile) + Sync,
-) -> Vec<f32> {
-    assert!(width > 0, "column tasks of no width");
-    let mut y = vec![0f32; m * n];
-    let out = Output(y.as_mut_ptr());
-    (0..n.div_ceil(width)).into_par_iter().for_each(|t| {
-        let j0 = t * width;
-        let cols = width.min(n - j0);
-        // SAFETY: `y` holds m rows of n values and outlives the tasks; task `t` alone writes
-        // columns `j0..j0 + cols` of them.
-        let mut tile = unsafe { Tile::from_raw(out.at(j0), m, cols, n) };
-        fill(j0, cols, &mut tile);
-    });
-    y
-}
-
-/// Where the column tasks write: `y`'s first value.
-#[derive(Clone, Copy)]
-struct Output(*mut f32);
-
-// SAFETY: the tasks write disjoint columns through it (`in_column_ranges`).
-unsafe impl Send for Output {}
-unsafe impl Sync for Output {}
-
-impl Output {
-    /// Column `j` of the first row (a method, so closures capture the `Sync` wrapper).
-    fn at(self, j: usize) -> *mut f32 {
-        self.0.wrapping_add(j)
-    }
 }
 
 /// [`matmul`] for few rows and a wide weight: each task owns a range of columns and reads the
@@ -435,26 +390,6 @@ mod tests {
                         "[{m}, {k}] x [{k}, {n}], element {i}"
                     );
                 }
-            }
-        }
-    }
-
-    proptest! {
-        /// The column tasks write their tiles in place: every value of `y` comes from the task
-        /// owning its column, at its row, whatever the widths (a last task narrower).
-        #[test]
-        fn column_tasks_fill_their_own_columns(m in 1usize..9, n in 1usize..70, width in 1usize..20) {
-            let y = in_column_ranges(m, n, width, |j0, cols, tile| {
-                assert_eq!((tile.rows(), tile.cols()), (m, cols));
-                for r in 0..m {
-                    for (c, v) in tile.row(r).iter_mut().enumerate() {
-                        *v = (r * 1000 + j0 + c) as f32;
-                    }
-                }
-            });
-            prop_assert_eq!(y.len(), m * n);
-            for (i, v) in y.iter().enumerate() {
-                prop_assert_eq!(*v, ((i / n) * 1000 + i % n) as f32, "element {}", i);
             }
         }
     }

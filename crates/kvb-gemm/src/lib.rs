@@ -19,6 +19,8 @@
 //!   K-quants with nibbles re-laid in the dot products' order ([`packed::CellOrder`], the same
 //!   bytes; `packed::kcells_order`'s tests and `int8`'s `kernels_give_the_definitions_bits`).
 //! - [`strided`]: a product on the calling thread over strided views, for attention tiles.
+//! - `column_tasks`: which thread computes which columns of a product (each writes its own
+//!   columns in place; in shares that shrink towards the end, for the short decode products).
 //! - [`cpu`]: what the CPU offers, detected once for all of these and kvb-attn's kernels
 //!   (`KVB_CPU_ISA` caps it to measure narrower paths).
 //!
@@ -28,6 +30,7 @@
 //! as llama.cpp's own Python package dequantizes them (`tests/gguf_blocks.rs`).
 
 pub mod blocked;
+mod column_tasks;
 pub mod cpu;
 pub mod few_rows;
 pub mod int8;

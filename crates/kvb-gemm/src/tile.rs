@@ -1,5 +1,5 @@
 //! A task's block of a product's output, written in place: `rows` rows of `cols` values, each
-//! row `stride` values after the last. Column tasks ([`crate::few_rows::in_column_ranges`]) each
+//! row `stride` values after the last. Column tasks ([`crate::column_tasks`]) each
 //! own one, side by side in the same rows, so no task fills a scratch tile to be copied: a
 //! prefill's tiles were fresh allocations the kernel zeroed page by page, then copied (about a
 //! tenth of an 8-bit prefill on a 1.7B model, bench/results/2026-12-07-prefill-in-place).

@@ -16,7 +16,7 @@
 
 use super::products::Kernel;
 use super::{QuantizedRows, BLOCK};
-use crate::few_rows::{column_task_width, in_column_ranges};
+use crate::column_tasks::in_column_shares;
 use crate::packed::kcells::{self, parts, Layout, ROWS};
 use crate::packed::{CellOrder, CellValues, PackedMatrix, GROUP};
 use crate::tile::Tile;
@@ -36,7 +36,8 @@ pub(super) fn matmul(a: &QuantizedRows, w: &PackedMatrix, kernel: Kernel) -> Vec
         w.source()
     );
     let (m, n) = (a.m, w.n());
-    in_column_ranges(m, n, column_task_width(n, GROUP), |j0, cols, tile| {
+    // Pairs of groups: VNNI's two-group tile takes them at once from two rows.
+    in_column_shares(m, n, 2 * GROUP, |j0, cols, tile| {
         columns(a, w, kernel, j0, cols, tile)
     })
 }

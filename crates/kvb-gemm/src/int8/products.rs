@@ -2,7 +2,7 @@
 //! that defines the arithmetic (see the parent module) and runs where AVX-512 VNNI is absent.
 
 use super::{IntDotMatrix, QuantizedRows, BLOCK, LANES};
-use crate::few_rows::{column_task_width, in_column_ranges};
+use crate::column_tasks::in_column_shares;
 use crate::tile::Tile;
 
 /// Rows one kernel call keeps in registers (an i32 sum and an f32 output each, beside the
@@ -96,7 +96,7 @@ pub(super) fn matmul_quantized(a: &QuantizedRows, w: &IntDotMatrix, kernel: Kern
         return super::kcells::matmul(a, cells, kernel);
     }
     let (m, n) = (a.m, w.n);
-    in_column_ranges(m, n, column_task_width(n, LANES), |j0, cols, tile| {
+    in_column_shares(m, n, LANES, |j0, cols, tile| {
         columns(a, w, kernel, j0, cols, tile)
     })
 }

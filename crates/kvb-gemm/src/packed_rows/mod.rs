@@ -12,7 +12,8 @@
 //! Two kernels: [`avx2`] (8 lanes, one group of columns per register) and, where the CPU has
 //! AVX-512, [`avx512`] (16 lanes, two groups per register), which compute the same bits.
 
-use crate::few_rows::{column_task_width, in_column_ranges, KC};
+use crate::column_tasks::in_column_shares;
+use crate::few_rows::KC;
 #[cfg(target_arch = "x86_64")]
 use crate::packed::widen_floats;
 use crate::packed::{CellValues, PackedMatrix, GROUP};
@@ -55,9 +56,10 @@ fn matmul_by(kernel: Kernel, x: &[f32], m: usize, w: &PackedMatrix) -> Option<Ve
         if !fits || !w.cell_values().vectorised() {
             return None;
         }
-        let width = column_task_width(w.n(), kernel.unit_groups() * GROUP);
+        // Whole sets of the kernel's widest pass: a narrower range would run narrower sets.
+        let unit = kernel.most_units(m, w.cell_values()) * kernel.unit_groups() * GROUP;
         let x = by_reduction_row(x, m, w.k());
-        Some(in_column_ranges(m, w.n(), width, |j0, cols, tile| {
+        Some(in_column_shares(m, w.n(), unit, |j0, cols, tile| {
             // SAFETY: the kernel's instructions are present (`isa` is this CPU's); `x` holds k
             // reduction rows of m values; the tile holds m rows of `cols`.
             unsafe { columns(kernel, &x, m, w, j0, cols, tile) }
