@@ -60,7 +60,7 @@ commands:
                 Options: --reps N (3), --threads N (all cores), --peers a,b, --out DIR,
                 --activations q8 (kvb with 8-bit activations).
                 With --model-shape NAME [--quant Q4_K_M]: a real-shaped model with random weights
-                (smollm2-1.7b, llama3.2-1b, qwen2.5-1.5b, smollm2-135m; made once by
+                (smollm2-1.7b, llama3.2-1b, qwen2.5-1.5b, llama3-8b, smollm2-135m; made once by
                 xtask/shapes/make_shape.py into $KVB_SHAPES_DIR, ~/.cache/kvb/shapes), kvb (f32
                 and q8 activations) beside llama.cpp and its prompt cache: load, weights, peak
                 RSS, prefill of ~512 and ~2,048 tokens, decode after each, a warm question, and

@@ -6,9 +6,12 @@
 //! `KVB_ROWS` (`1,4,16` by default) sets the row counts; above 16, f32 rows run the blocked
 //! GEMM a prefill runs. `KVB_ON_WORKER=1` times from a worker of rayon's pool, as the engine
 //! calls the products: from the main thread each product also pays two thread wake-ups, which
-//! dominate shapes that fit the caches.
+//! dominate shapes that fit the caches. `KVB_PAIRED=1` runs a plain streaming read before each
+//! timed run and adds each product's share of it (the median over the runs): that ratio holds
+//! while the host's read rate swings.
 //!
-//! `cargo bench -p kvb-gemm --bench products [-- FILTER]` (FILTER: a format name or `int8`).
+//! `cargo bench -p kvb-gemm --bench products [-- FILTER]` (FILTER: a format name, `int8`, or
+//! both as `"Q4_K int8"`; only the formats it names are built).
 
 use kvb_gemm::int8::{self, IntDotMatrix};
 use kvb_gemm::packed_rows;
@@ -65,38 +68,60 @@ fn streamed() -> usize {
         << 20
 }
 
-/// Streaming read rate of this machine, bytes/s, on rayon's threads: the ceiling of a product
-/// whose weights come from memory (best of 5 passes over [`streamed`] bytes).
-fn read_bandwidth() -> f64 {
-    use rayon::prelude::*;
-    let words: Vec<u64> = (0..(streamed().max(64 << 20) / 8) as u64).collect();
-    let pass = || {
+/// A buffer whose plain parallel sum gives this machine's streaming read rate, the ceiling of a
+/// product whose weights come from memory.
+struct Stream(Vec<u64>);
+
+impl Stream {
+    fn new() -> Stream {
+        Stream((0..(streamed().max(64 << 20) / 8) as u64).collect())
+    }
+
+    /// One pass over the buffer on rayon's threads, bytes/s.
+    fn pass(&self) -> f64 {
+        use rayon::prelude::*;
         let t = Instant::now();
-        let sum: u64 = words
+        let sum: u64 = self
+            .0
             .par_chunks(1 << 16)
             .map(|c| c.iter().fold(0u64, |a, v| a.wrapping_add(*v)))
             .reduce(|| 0, u64::wrapping_add);
         std::hint::black_box(sum);
-        (words.len() * 8) as f64 / t.elapsed().as_secs_f64()
-    };
-    (0..5).map(|_| pass()).fold(0.0, f64::max)
+        (self.0.len() * 8) as f64 / t.elapsed().as_secs_f64()
+    }
 }
 
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
+fn median<T: PartialOrd + Copy>(mut v: Vec<T>) -> T {
+    v.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
     v[v.len() / 2]
 }
 
-fn time(reps: usize, mut f: impl FnMut()) -> Duration {
+/// The median time of `f` over `reps` runs, and with `paired` the median over the runs of the
+/// bytes/s each run read (`bytes` a run) over a [`Stream`] pass's just before it. The host's
+/// read rate swings within seconds (28-55 GB/s on a shared Zen 4), so a product's share of it
+/// means something only beside a pass taken in the same moment.
+fn time(
+    reps: usize,
+    paired: Option<(&Stream, usize)>,
+    mut f: impl FnMut(),
+) -> (Duration, Option<f64>) {
     f();
-    median(
-        (0..reps)
-            .map(|_| {
-                let t = Instant::now();
-                f();
-                t.elapsed()
-            })
-            .collect(),
+    let runs: Vec<(Duration, Option<f64>)> = (0..reps)
+        .map(|_| {
+            let rate = paired.map(|(stream, _)| stream.pass());
+            let t = Instant::now();
+            f();
+            let d = t.elapsed();
+            let share = paired
+                .zip(rate)
+                .map(|((_, bytes), rate)| bytes as f64 / d.as_secs_f64() / rate);
+            (d, share)
+        })
+        .collect();
+    let shares: Option<Vec<f64>> = runs.iter().map(|r| r.1).collect();
+    (
+        median(runs.iter().map(|r| r.0).collect()),
+        shares.map(median),
     )
 }
 
@@ -119,10 +144,18 @@ fn time_all() {
         rayon::current_num_threads(),
         int8::kernel_name()
     );
-    println!("streaming read: {:.1} GB/s", read_bandwidth() / 1e9);
-    println!("| format | activations | rows | k x n | ms | GB/s | G weights/s |");
-    println!("|---|---|---:|---|---:|---:|---:|");
+    let stream = Stream::new();
+    let best = (0..5).map(|_| stream.pass()).fold(0.0, f64::max);
+    println!("streaming read: {:.1} GB/s (best of 5)", best / 1e9);
+    let paired = std::env::var("KVB_PAIRED").is_ok_and(|v| v == "1");
+    println!("| format | activations | rows | k x n | ms | GB/s | G weights/s | of stream |");
+    println!("|---|---|---:|---|---:|---:|---:|---:|");
+    let wanted = |what: &str| filter.as_ref().is_none_or(|f| what.contains(f.as_str()));
     for (format, name) in FORMATS {
+        // Building the copies takes longer than timing them: only for formats timed.
+        if !wanted(&format!("{name} f32")) && !wanted(&format!("{name} int8")) {
+            continue;
+        }
         for (k, n) in shapes() {
             // Copies enough to overflow the caches, cycled through: a decode step streams its
             // weights from memory.
@@ -135,25 +168,26 @@ fn time_all() {
                 packed.iter().map(IntDotMatrix::from_packed).collect();
             for m in row_counts() {
                 let x: Vec<f32> = (0..m * k).map(|i| spread(i, 3, 700.0)).collect();
-                let report = |acts: &str, bytes: usize, d: Duration| {
+                let report = |acts: &str, bytes: usize, (d, share): (Duration, Option<f64>)| {
                     let s = d.as_secs_f64() / copies as f64;
+                    let share = share.map_or("-".into(), |r| format!("{:.0}%", r * 100.0));
                     println!(
-                        "| {name} | {acts} | {m} | {k} x {n} | {:.3} | {:.1} | {:.1} |",
+                        "| {name} | {acts} | {m} | {k} x {n} | {:.3} | {:.1} | {:.1} | {share} |",
                         s * 1e3,
                         bytes as f64 / s / 1e9,
                         (k * n) as f64 / s / 1e9
                     );
                 };
-                let wanted = |what: &str| filter.as_ref().is_none_or(|f| what.contains(f.as_str()));
+                let pass = |bytes: usize| paired.then_some((&stream, bytes * copies));
                 if wanted(&format!("{name} f32")) && packed_rows::matmul(&x, m, &first).is_some() {
-                    let d = time(reps, || {
+                    let d = time(reps, pass(first.bytes()), || {
                         for w in &packed {
                             std::hint::black_box(packed_rows::matmul(&x, m, w));
                         }
                     });
                     report("f32", first.bytes(), d);
                 } else if wanted(&format!("{name} f32")) {
-                    let d = time(reps, || {
+                    let d = time(reps, pass(first.bytes()), || {
                         for w in &packed {
                             std::hint::black_box(kvb_gemm::blocked::matmul(&x, m, k, n, &**w));
                         }
@@ -161,7 +195,7 @@ fn time_all() {
                     report("f32 blocked", first.bytes(), d);
                 }
                 if let Some(ws) = int.as_ref().filter(|_| wanted(&format!("{name} int8"))) {
-                    let d = time(reps, || {
+                    let d = time(reps, pass(ws[0].bytes()), || {
                         for w in ws {
                             std::hint::black_box(int8::matmul(&x, m, w));
                         }

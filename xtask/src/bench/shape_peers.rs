@@ -26,11 +26,12 @@ use std::process::Command;
 /// What the shapes' Python must hold.
 const PACKAGES: [&str; 3] = ["gguf==0.19.0", "numpy", "llama-cpp-python==0.3.36"];
 /// The shapes `make_shape.py` knows (its `SHAPES`).
-const SHAPES: [&str; 4] = [
+const SHAPES: [&str; 5] = [
     "smollm2-135m",
     "smollm2-1.7b",
     "llama3.2-1b",
     "qwen2.5-1.5b",
+    "llama3-8b",
 ];
 /// The document's fractions that make prompts of about 512 and 2,048 tokens in SmolLM2's
 /// tokenizer (all of it is ~2,300; its start is denser in words).
