@@ -34,6 +34,7 @@ pub fn release_freed_memory() {
     }
 }
 
+// Only where the release does something: `malloc_trim` is glibc's, `/proc/self/statm` Linux's.
 #[cfg(all(test, target_os = "linux", target_env = "gnu"))]
 mod tests {
     /// Bytes of this process resident in memory (`/proc/self/statm`).
