@@ -25,17 +25,13 @@ pub(crate) fn in_column_ranges(
     fill: impl Fn(usize, usize, &mut Tile) + Sync,
 ) -> Vec<f32> {
     assert!(width > 0, "column tasks of no width");
-    let mut y = vec![0f32; m * n];
-    let out = Output(y.as_mut_ptr());
-    (0..n.div_ceil(width)).into_par_iter().for_each(|t| {
-        let j0 = t * width;
-        let cols = width.min(n - j0);
-        // SAFETY: `y` holds m rows of n values and outlives the tasks; task `t` alone writes
-        // columns `j0..j0 + cols` of them.
-        let mut tile = unsafe { Tile::from_raw(out.at(j0), m, cols, n) };
-        fill(j0, cols, &mut tile);
-    });
-    y
+    in_place(m, n, |out| {
+        (0..n.div_ceil(width)).into_par_iter().for_each(|t| {
+            let (j0, cols) = (t * width, width.min(n - t * width));
+            // SAFETY: task `t` alone writes columns `j0..j0 + cols`.
+            fill(j0, cols, &mut unsafe { out.tile(j0, cols) });
+        })
+    })
 }
 
 /// `y [m, n]` computed by every thread of the pool taking ranges of whole `unit`s of columns
@@ -49,32 +45,30 @@ pub(crate) fn in_column_shares(
     fill: impl Fn(usize, usize, &mut Tile) + Sync,
 ) -> Vec<f32> {
     assert!(unit > 0, "column shares of no width");
-    let mut y = vec![0f32; m * n];
-    let out = Output(y.as_mut_ptr());
     let (units, threads) = (n.div_ceil(unit), rayon::current_num_threads());
     let next = AtomicUsize::new(0);
-    let work = || {
-        while let Some((u0, taken)) = take(&next, units, threads) {
-            let j0 = u0 * unit;
-            let cols = (taken * unit).min(n - j0);
-            // SAFETY: `y` holds m rows of n values and outlives the scope; the cursor hands
-            // each unit to one taker, so this range's columns are written here alone.
-            let mut tile = unsafe { Tile::from_raw(out.at(j0), m, cols, n) };
-            fill(j0, cols, &mut tile);
-        }
-    };
-    if threads == 1 || units <= 1 {
-        work();
-    } else {
-        // The caller works too; a helper that starts after the cursor ran out returns at once.
-        rayon::scope(|s| {
-            for _ in 1..threads {
-                s.spawn(|_| work());
+    in_place(m, n, |out| {
+        let work = || {
+            while let Some((u0, taken)) = take(&next, units, threads) {
+                let (j0, cols) = (u0 * unit, (taken * unit).min(n - u0 * unit));
+                // SAFETY: the cursor hands each unit to one taker, so this range's columns
+                // are written here alone.
+                fill(j0, cols, &mut unsafe { out.tile(j0, cols) });
             }
+        };
+        if threads == 1 || units <= 1 {
             work();
-        });
-    }
-    y
+        } else {
+            // The caller works too; a helper that starts after the cursor ran out returns at
+            // once.
+            rayon::scope(|s| {
+                for _ in 1..threads {
+                    s.spawn(|_| work());
+                }
+                work();
+            });
+        }
+    })
 }
 
 /// How many of the `left` units a taker gets: a half of an even split of them among `threads`,
@@ -100,18 +94,38 @@ fn take(next: &AtomicUsize, units: usize, threads: usize) -> Option<(usize, usiz
     }
 }
 
-/// Where the column tasks write: `y`'s first value.
+/// `y [m, n]`, zeroed, after `write` has filled it through tiles of its columns.
+fn in_place(m: usize, n: usize, write: impl FnOnce(Output)) -> Vec<f32> {
+    let mut y = vec![0f32; m * n];
+    write(Output {
+        first: y.as_mut_ptr(),
+        m,
+        n,
+    });
+    y
+}
+
+/// Where the column tasks write: `y`'s first value and its shape.
 #[derive(Clone, Copy)]
-struct Output(*mut f32);
+struct Output {
+    first: *mut f32,
+    m: usize,
+    n: usize,
+}
 
 // SAFETY: the tasks write disjoint columns through it.
 unsafe impl Send for Output {}
 unsafe impl Sync for Output {}
 
 impl Output {
-    /// Column `j` of the first row (a method, so closures capture the `Sync` wrapper).
-    fn at(self, j: usize) -> *mut f32 {
-        self.0.wrapping_add(j)
+    /// Columns `j0..j0 + cols` of every row of `y` (a method, so closures capture the `Sync`
+    /// wrapper).
+    ///
+    /// # Safety
+    /// `y` outlives `'a`, `j0 + cols <= n`, and no other tile holds these columns meanwhile.
+    unsafe fn tile<'a>(self, j0: usize, cols: usize) -> Tile<'a> {
+        // SAFETY: `first` points at `m` rows of `n` values (the caller's promises do the rest).
+        unsafe { Tile::from_raw(self.first.wrapping_add(j0), self.m, cols, self.n) }
     }
 }
 

@@ -44,7 +44,8 @@
 //! - with 8-bit activations, a row's result does not depend on the rows beside it (vector and
 //!   portable kernels give the same bits, `model::int8`'s tests; batches in `tests/batched.rs`),
 //!   and rounding the activations moves the logits no more than it moves llama.cpp's
-//!   (`tests/q8_activations.rs`);
+//!   (`tests/q8_activations.rs`); a loaded model nothing else holds takes them without a copy
+//!   of its K-quant matrices beside them (`tests/q8_in_place.rs`);
 //! - an f16 pool gives back exactly what was written, rounded to nearest even, and attention over
 //!   it equals attention over those values widened to f32, bit for bit ([`kv_pool`]'s tests,
 //!   kvb-attn's `paged_matches_naive.rs`);

@@ -48,6 +48,7 @@ pub(crate) mod kcells_bytes;
 pub(crate) mod kcells_order;
 mod pages;
 pub(crate) use pages::Pages;
+pub use pages::{mapped_bytes, reset_mapped_peak};
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) use dequant::avx2::{head, head_lanes, iq4_rows, widen_floats};

@@ -4,9 +4,29 @@
 //! and fewer TLB misses per step. Small ones, and any map the system refuses, are a `Vec`.
 
 use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Sizes from which a map is worth it (one huge page).
 const MAP_FROM: usize = 2 << 20;
+
+/// Bytes in maps now, and the most at once since [`reset_mapped_peak`].
+static MAPPED: AtomicUsize = AtomicUsize::new(0);
+static MAPPED_PEAK: AtomicUsize = AtomicUsize::new(0);
+
+/// Bytes of packed weights the process holds in maps (matrices of 2 MiB and more, released
+/// pages included), now and at most since [`reset_mapped_peak`]: whether a conversion re-laid
+/// its matrices in place or beside copies.
+pub fn mapped_bytes() -> (usize, usize) {
+    (
+        MAPPED.load(Ordering::Relaxed),
+        MAPPED_PEAK.load(Ordering::Relaxed),
+    )
+}
+
+/// Starts [`mapped_bytes`]'s peak again from what is mapped now.
+pub fn reset_mapped_peak() {
+    MAPPED_PEAK.store(MAPPED.load(Ordering::Relaxed), Ordering::Relaxed);
+}
 
 /// Zeroed, owned bytes.
 pub(crate) enum Pages {
@@ -22,6 +42,8 @@ impl Pages {
                 // Advice only: without huge pages the map still works.
                 #[cfg(target_os = "linux")]
                 let _ = map.advise(memmap2::Advice::HugePage);
+                let now = MAPPED.fetch_add(len, Ordering::Relaxed) + len;
+                MAPPED_PEAK.fetch_max(now, Ordering::Relaxed);
                 return Pages::Map(map);
             }
         }
@@ -45,6 +67,14 @@ impl Pages {
             let _ = unsafe {
                 map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
             };
+        }
+    }
+}
+
+impl Drop for Pages {
+    fn drop(&mut self) {
+        if let Pages::Map(map) = self {
+            MAPPED.fetch_sub(map.len(), Ordering::Relaxed);
         }
     }
 }

@@ -37,6 +37,14 @@ pub trait LinearWeight<B: ModelBackend>: Debug + Send + Sync {
         None
     }
 
+    /// [`LinearWeight::with_q8_activations`] of a weight its holder gives up, asked only where
+    /// [`LinearWeight::takes_q8_activations`]: what nothing else holds may be converted in
+    /// place, not beside a copy (an 8B model's LM head is 430 MB, and fresh pages cost a load
+    /// their faults). `None` drops the weight.
+    fn into_q8_activations(self: Arc<Self>) -> Option<Arc<dyn LinearWeight<B>>> {
+        self.with_q8_activations()
+    }
+
     /// The weight rounded to bf16 (the emulated bf16 forward); an error where the format
     /// cannot be.
     fn rounded_to_bf16(&self, device: &B::Device) -> Result<Arc<dyn LinearWeight<B>>>;
@@ -110,6 +118,26 @@ impl<B: ModelBackend> LinearWeight<B> for Packed {
     /// Re-laid out, or K-quant cells shared as loaded.
     fn with_q8_activations(&self) -> Option<Arc<dyn LinearWeight<B>>> {
         let d = IntDotMatrix::from_packed(&self.0)?;
+        Some(Arc::new(IntDot(Arc::new(d))))
+    }
+
+    /// The matrix itself re-laid where nothing else holds it, else a copy.
+    fn into_q8_activations(self: Arc<Self>) -> Option<Arc<dyn LinearWeight<B>>> {
+        let p = match Arc::try_unwrap(self) {
+            Ok(Packed(p)) => p,
+            Err(shared) => return shared.with_q8_activations(),
+        };
+        // A matrix the products do not take comes back as it was.
+        let d = match Arc::try_unwrap(p) {
+            Ok(m) => match IntDotMatrix::from_packed_consuming(m) {
+                Ok(d) => d,
+                Err(m) => return Some(Arc::new(Packed(Arc::new(m)))),
+            },
+            Err(p) => match IntDotMatrix::from_packed(&p) {
+                Some(d) => d,
+                None => return Some(Arc::new(Packed(p))),
+            },
+        };
         Some(Arc::new(IntDot(Arc::new(d))))
     }
 
@@ -197,6 +225,22 @@ impl<B: ModelBackend> LinearWeight<B> for Stacked<B> {
             .iter()
             .map(|w| w.with_q8_activations().unwrap_or_else(|| w.clone()))
             .collect();
+        Some(Arc::new(Stacked(parts)))
+    }
+
+    /// Each part that takes them given up to its own conversion.
+    fn into_q8_activations(self: Arc<Self>) -> Option<Arc<dyn LinearWeight<B>>> {
+        let parts = match Arc::try_unwrap(self) {
+            Ok(Stacked(parts)) => parts,
+            Err(shared) => return shared.with_q8_activations(),
+        };
+        let parts = parts
+            .into_iter()
+            .map(|w| match w.takes_q8_activations() {
+                true => w.into_q8_activations(),
+                false => Some(w),
+            })
+            .collect::<Option<_>>()?;
         Some(Arc::new(Stacked(parts)))
     }
 

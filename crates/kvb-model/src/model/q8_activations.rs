@@ -64,12 +64,24 @@ impl<B: ModelBackend> Linear<B> {
         self.weight.takes_q8_activations()
     }
 
-    /// The projection with its packed integer weights re-laid out for 8-bit activations.
-    fn with_q8_activations(self) -> Self {
-        Linear {
-            weight: self.weight.with_q8_activations().unwrap_or(self.weight),
-            bias: self.bias,
+    /// The projection with its packed integer weights re-laid out for 8-bit activations, in
+    /// place where nothing else holds them
+    /// ([`super::linear_weight::LinearWeight::into_q8_activations`]).
+    fn with_q8_activations(self) -> Result<Self> {
+        if !self.weight.takes_q8_activations() {
+            return Ok(self);
         }
+        let (out, bytes) = (self.weight.out_dim(), self.weight.bytes());
+        let weight = self.weight.into_q8_activations().ok_or_else(|| {
+            ModelError::unsupported(format!(
+                "a weight of {out} outputs ({bytes} bytes) takes 8-bit activations but its \
+                 conversion gave nothing back"
+            ))
+        })?;
+        Ok(Linear {
+            weight,
+            bias: self.bias,
+        })
     }
 }
 
@@ -148,11 +160,17 @@ impl<B: ModelBackend> Model<B> {
             self.embed = Embedding::IntDot(d.clone());
             self.lm_head.weight = Arc::new(IntDot(d));
         } else {
-            self.lm_head = self.lm_head.with_q8_activations();
+            self.lm_head = self.lm_head.with_q8_activations()?;
         }
+        // Each projection moved out (a 1x1 stand-in meanwhile), not cloned, so that its
+        // matrix converts in place.
+        let stand_in = Linear {
+            weight: Arc::new(Dense(Tensor::<B, 2>::zeros([1, 1], &self.device))),
+            bias: None,
+        };
         for b in &mut self.blocks {
             for l in [&mut b.qkv, &mut b.o, &mut b.gate_up, &mut b.down] {
-                *l = l.clone().with_q8_activations();
+                *l = std::mem::replace(l, stand_in.clone()).with_q8_activations()?;
             }
         }
         self.activations = ActivationPrecision::Q8;
