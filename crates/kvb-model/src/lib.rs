@@ -72,6 +72,7 @@ mod error;
 pub mod fetch;
 pub mod generate;
 mod host_ids;
+mod host_memory;
 pub mod kv_cache;
 pub mod model;
 pub use kvb_gemm::packed;
@@ -81,6 +82,7 @@ pub mod tokenizer;
 
 pub use config::{Family, ModelConfig, RopeScaling};
 pub use error::{ModelError, Result};
+pub use host_memory::release_freed_host_memory;
 pub use kv_cache::KvCache;
 /// Creation options naming a backend's float type, the K/V pool, host reads (see kvb-attn).
 pub use kvb_attn::{

@@ -7,7 +7,8 @@
 //! largest threshold) in its heap and up to 256 MiB of freed heap for reuse, in two arenas
 //! (glibc's default, 8 per core, left each thread's freed blocks where other threads could not
 //! reuse them: 45 MB more at the peak). A library embedding kvb leaves this to its program, as
-//! the allocator is the process's.
+//! the allocator is the process's. A load gives back the heap it freed
+//! (`kvb_model::release_freed_host_memory`), so the policy keeps only what a prefill reuses.
 
 /// Sets the policy above where the C library is glibc (elsewhere its allocator's own stays).
 /// Call before any thread starts.
@@ -19,18 +20,6 @@ pub fn keep_freed_memory() {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
         libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
         libc::mallopt(libc::M_ARENA_MAX, 2);
-    }
-}
-
-/// Gives back to the system the heap that loading a model freed. Reading and re-laying its
-/// tensors frees temporaries that [`keep_freed_memory`] would keep for the whole run: on an
-/// 8B-shaped Q4_K_M file they put the peak RSS 6 MB over issue 40's file + K/V + 200 MB, and
-/// released it fell by 99 MB. A prefill then keeps only what it reuses.
-pub fn release_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: `malloc_trim` returns free heap pages to the system; blocks in use are untouched.
-    unsafe {
-        libc::malloc_trim(0);
     }
 }
 
@@ -72,7 +61,7 @@ mod tests {
         let live = vec![1u8; 4096];
         drop(blocks);
         let kept = resident();
-        super::release_freed_memory();
+        kvb_model::release_freed_host_memory();
         let after = resident();
         assert!(
             kept >= after + (100 << 20),

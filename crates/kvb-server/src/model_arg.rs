@@ -47,7 +47,6 @@ pub fn load<B: ModelBackend>(
     })
     .with_context(|| format!("loading {}", path.display()));
     bar.finish_and_clear();
-    crate::allocator::release_freed_memory();
     m
 }
 

@@ -114,6 +114,16 @@ impl IntDotMatrix {
         Ok(w)
     }
 
+    /// [`IntDotMatrix::from_packed_consuming`] of `p` where nothing else holds it (re-laid in
+    /// its own pages), else [`IntDotMatrix::from_packed`] of it (a copy; `p` stays as it is);
+    /// `p` back where [`IntDotMatrix::takes`] does not take it.
+    pub fn from_held(p: Arc<PackedMatrix>) -> Result<Self, Arc<PackedMatrix>> {
+        match Arc::try_unwrap(p) {
+            Ok(m) => Self::from_packed_consuming(m).map_err(Arc::new),
+            Err(p) => Self::from_packed(&p).ok_or(p),
+        }
+    }
+
     /// The matrix holding K-quant cells `p` (in the order its products read).
     fn sharing(p: Arc<PackedMatrix>) -> Self {
         IntDotMatrix {

@@ -64,11 +64,7 @@ impl ModelBackend for NdArray<f32> {
     /// its arenas, scattered by fragmentation, so peak RSS grew with the prompt. Trimming once a
     /// pass costs about what re-faulting them does (`bench/results/2026-11-27-peak-rss/`).
     fn release_freed_memory() {
-        #[cfg(all(target_os = "linux", target_env = "gnu"))]
-        // SAFETY: malloc_trim only returns free pages; it touches no live allocation.
-        unsafe {
-            libc::malloc_trim(0);
-        }
+        crate::release_freed_host_memory();
     }
 
     /// One pass per row instead of six tensor ops (square, mean, add, sqrt, recip, two muls),

@@ -128,17 +128,10 @@ impl<B: ModelBackend> LinearWeight<B> for Packed {
             Err(shared) => return shared.with_q8_activations(),
         };
         // A matrix the products do not take comes back as it was.
-        let d = match Arc::try_unwrap(p) {
-            Ok(m) => match IntDotMatrix::from_packed_consuming(m) {
-                Ok(d) => d,
-                Err(m) => return Some(Arc::new(Packed(Arc::new(m)))),
-            },
-            Err(p) => match IntDotMatrix::from_packed(&p) {
-                Some(d) => d,
-                None => return Some(Arc::new(Packed(p))),
-            },
-        };
-        Some(Arc::new(IntDot(Arc::new(d))))
+        Some(match IntDotMatrix::from_held(p) {
+            Ok(d) => Arc::new(IntDot(Arc::new(d))),
+            Err(p) => Arc::new(Packed(p)),
+        })
     }
 
     fn rounded_to_bf16(&self, device: &B::Device) -> Result<Arc<dyn LinearWeight<B>>> {

@@ -137,6 +137,9 @@ impl<B: ModelBackend> Model<B> {
                     .into(),
             ));
         }
+        // A weight being converted has let go of its matrix (this 1x1 stand-in for the
+        // moment), so the conversion can re-lay it in its own pages.
+        let stand_in = Tensor::<B, 2>::zeros([1, 1], &self.device);
         // A tied head and the embedding share one matrix: convert it once for both.
         let tied = match (&self.embed, self.lm_head.weight.packed()) {
             (Embedding::Packed(e), Some(h)) if Arc::ptr_eq(e, h) && IntDotMatrix::takes(e) => {
@@ -145,16 +148,10 @@ impl<B: ModelBackend> Model<B> {
             _ => None,
         };
         let shared = tied.map(|e| {
-            // Both let go of it first (a 1x1 stand-in for the moment), so the conversion
-            // can give its memory back as it goes: a 1B model's embedding is 279 MB in Q8_0.
-            let stand_in = Tensor::<B, 2>::zeros([1, 1], &self.device);
+            // Both let go of it first: a 1B model's embedding is 279 MB in Q8_0.
             self.lm_head.weight = Arc::new(Dense(stand_in.clone()));
-            self.embed = Embedding::Dense(stand_in);
-            let d = match Arc::try_unwrap(e) {
-                Ok(p) => IntDotMatrix::from_packed_consuming(p).ok(),
-                Err(e) => IntDotMatrix::from_packed(&e),
-            };
-            Arc::new(d.expect("`takes` took the embedding"))
+            self.embed = Embedding::Dense(stand_in.clone());
+            Arc::new(IntDotMatrix::from_held(e).expect("`takes` took the embedding"))
         });
         if let Some(d) = shared {
             self.embed = Embedding::IntDot(d.clone());
@@ -162,10 +159,9 @@ impl<B: ModelBackend> Model<B> {
         } else {
             self.lm_head = self.lm_head.with_q8_activations()?;
         }
-        // Each projection moved out (a 1x1 stand-in meanwhile), not cloned, so that its
-        // matrix converts in place.
+        // Each projection moved out, not cloned.
         let stand_in = Linear {
-            weight: Arc::new(Dense(Tensor::<B, 2>::zeros([1, 1], &self.device))),
+            weight: Arc::new(Dense(stand_in)),
             bias: None,
         };
         for b in &mut self.blocks {
