@@ -17,18 +17,18 @@ pub enum Isa {
 
 impl Isa {
     /// The widest set this CPU runs, capped by `KVB_CPU_ISA` (`avx2` or `portable`; `avx512f`
-    /// keeps AVX-512 without its extensions, [`CpuFeatures`]) so that one machine can measure
-    /// the narrower paths beside the wider one.
+    /// keeps AVX-512 without its extensions, `avx512` without AMX's tiles, [`CpuFeatures`]) so
+    /// that one machine can measure the narrower paths beside the wider one.
     pub fn detect() -> Isa {
         let cap = match std::env::var("KVB_CPU_ISA").as_deref() {
             Ok("portable") => Isa::Portable,
             Ok("avx2") => Isa::Avx2Fma,
-            Ok("avx512" | "avx512f") | Err(_) => Isa::Avx512,
+            Ok("avx512" | "avx512f" | "amx") | Err(_) => Isa::Avx512,
             Ok(other) => {
                 // Read once per process, where no caller can take an error: say it and go on
                 // with what the CPU has, rather than run a path the user did not ask for silently.
                 eprintln!(
-                    "kvb: KVB_CPU_ISA={other:?} is not one of portable, avx2, avx512f, avx512; \
+                    "kvb: KVB_CPU_ISA={other:?} is not one of portable, avx2, avx512f, avx512, amx; \
                      ignoring it"
                 );
                 Isa::Avx512
@@ -80,6 +80,9 @@ pub struct CpuFeatures {
     pub avx512vnni: bool,
     /// AVX-512 VBMI: byte permutes.
     pub avx512vbmi: bool,
+    /// AMX's 8-bit tile products, granted to this process and seen to run (`crate::amx`);
+    /// `KVB_CPU_ISA=avx512` leaves them out.
+    pub amx_int8: bool,
     /// The family of an AMD CPU (0x19: Zen 3 and Zen 4; 0x1A: Zen 5), for what is tuned per
     /// core rather than per instruction set (kvb-attn's decode prefetches).
     pub amd_family: Option<u32>,
@@ -92,8 +95,11 @@ impl CpuFeatures {
         {
             use std::arch::is_x86_feature_detected as has;
             let wide = isa == Isa::Avx512;
-            let plain = std::env::var("KVB_CPU_ISA").as_deref() == Ok("avx512f");
+            let cap = std::env::var("KVB_CPU_ISA");
+            let plain = cap.as_deref() == Ok("avx512f");
             let extension = |present: bool| wide && present && !plain;
+            // Asked last: the check grants the process AMX's state and forks once.
+            let tiles = !matches!(cap.as_deref(), Ok("avx512" | "avx512f"));
             CpuFeatures {
                 isa,
                 f16c: has!("f16c") && has!("avx"),
@@ -101,6 +107,7 @@ impl CpuFeatures {
                 avx512vl: extension(has!("avx512vl")),
                 avx512vnni: extension(has!("avx512vnni")),
                 avx512vbmi: extension(has!("avx512vbmi")),
+                amx_int8: extension(tiles && has!("avx512vnni")) && crate::amx::usable(),
                 amd_family: amd_family(),
             }
         }
@@ -112,6 +119,7 @@ impl CpuFeatures {
             avx512vl: false,
             avx512vnni: false,
             avx512vbmi: false,
+            amx_int8: false,
             amd_family: None,
         }
     }

@@ -15,9 +15,10 @@
 //!   read by `kvb-modelfile`), and [`packed_rows`]: 1 to 16 rows by them (Q2_K and Q3_K: 1 to 8,
 //!   AVX2's kernel), dequantized in registers, the same bits as the f32 products over the
 //!   expanded weight.
-//! - [`int8`]: 8-bit activations by integer weights (VNNI, AVX2, portable: the same bits); the
-//!   K-quants with nibbles re-laid in the dot products' order ([`packed::CellOrder`], the same
-//!   bytes; `packed::kcells_order`'s tests and `int8`'s `kernels_give_the_definitions_bits`).
+//! - [`int8`]: 8-bit activations by integer weights (VNNI, AMX tiles, AVX2, portable: the same
+//!   bits); the K-quants with nibbles re-laid in the dot products' order ([`packed::CellOrder`],
+//!   the same bytes; `packed::kcells_order`'s tests and `int8`'s
+//!   `kernels_give_the_definitions_bits`).
 //! - [`strided`]: a product on the calling thread over strided views, for attention tiles.
 //! - `column_tasks`: which thread computes which columns of a product (each writes its own
 //!   columns in place; in shares that shrink towards the end, for the short decode products).
@@ -29,6 +30,7 @@
 //! f32 expansion of every packed format, on every kernel this CPU runs); packed blocks read back
 //! as llama.cpp's own Python package dequantizes them (`tests/gguf_blocks.rs`).
 
+mod amx;
 pub mod blocked;
 mod column_tasks;
 pub mod cpu;

@@ -24,9 +24,16 @@ use crate::tile::Tile;
 /// Rows one kernel call keeps in registers at most (AVX-512's 32 registers: a sum and an
 /// output per row).
 pub(super) const MAX_TILE_ROWS: usize = 8;
+/// Rows of the largest tile, AMX's, whose outputs one call leaves together.
+#[cfg(target_arch = "x86_64")]
+const OUT_ROWS: usize = super::kcells_amx::TILE_ROWS;
+#[cfg(not(target_arch = "x86_64"))]
+const OUT_ROWS: usize = MAX_TILE_ROWS;
 /// Rows a task runs over each group before the next: the group's cells stay in L1 and L2
 /// between the row tiles.
 const ROWS_PER_PASS: usize = 64;
+/// The rows' integers an AMX pass reads at most (a quarter of a 2 MB L2).
+const AMX_PASS_BYTES: usize = 512 << 10;
 
 /// `y [m, n] = a · w` for K-quant cells `w`, with `kernel`.
 pub(super) fn matmul(a: &QuantizedRows, w: &PackedMatrix, kernel: Kernel) -> Vec<f32> {
@@ -62,15 +69,30 @@ pub(super) fn columns(
         "int8 products of {}: cells not in the order they read",
         w.source()
     );
-    let kernel = usable(kernel);
+    // AMX's tiles take 16 rows by two groups of the cells they take; fewer rows, and every
+    // other tile, run VNNI's.
+    #[cfg(target_arch = "x86_64")]
+    let tiles = kernel == Kernel::Amx && super::kcells_amx::takes(w.cell_values());
+    #[cfg(not(target_arch = "x86_64"))]
+    let tiles = false;
+    let kernel = usable(kernel.vector());
     let (g0, g1) = (j0 / GROUP, (j0 + cols).div_ceil(GROUP));
     let step = tile_rows(kernel);
-    let mut out = [0f32; MAX_TILE_ROWS * 2 * GROUP];
+    let mut out = [0f32; OUT_ROWS * 2 * GROUP];
     // AVX2's tiles of 4 rows: a pass of more decodes each group's cells once for all of them.
     #[cfg(target_arch = "x86_64")]
     let mut runs = Vec::new();
-    for p0 in (0..a.m).step_by(ROWS_PER_PASS) {
-        let p1 = (p0 + ROWS_PER_PASS).min(a.m);
+    // AMX's tiles: each pair of groups decoded once per pass, and longer passes where the
+    // rows' integers still fit in L2.
+    #[cfg(target_arch = "x86_64")]
+    let mut pair = super::kcells_amx::DecodedPair::new();
+    let pass = if tiles {
+        (AMX_PASS_BYTES / a.k).clamp(ROWS_PER_PASS, 4 * ROWS_PER_PASS) / OUT_ROWS * OUT_ROWS
+    } else {
+        ROWS_PER_PASS
+    };
+    for p0 in (0..a.m).step_by(pass) {
+        let p1 = (p0 + pass).min(a.m);
         let mut g = g0;
         while g < g1 {
             // VNNI takes two groups at once for two rows or more: its float steps per
@@ -88,25 +110,46 @@ pub(super) fn columns(
                 // SAFETY: `Kernel::Avx2` was found on this CPU; `g` is a group of `w`.
                 unsafe { super::kcells_x86::decode_group(w, g, &mut runs) };
             }
-            for r0 in (p0..p1).step_by(step) {
-                let rows = step.min(p1 - r0);
-                match (kernel, groups) {
-                    (Kernel::Portable, _) => portable(a, r0, rows, w, g, &mut out),
-                    // SAFETY: as below; `runs` are group `g`'s, decoded above.
+            let lanes = groups * GROUP;
+            let amx = tiles && groups == 2 && p1 - p0 >= OUT_ROWS;
+            #[cfg(target_arch = "x86_64")]
+            if amx {
+                // SAFETY: `Kernel::Amx` was found on this CPU (AVX-512 F and BW with it);
+                // `g + 1` is a group of `w`, whose cells the tiles take (`tiles`).
+                unsafe { super::kcells_amx::decode_pair(w, g, &mut pair) };
+            }
+            let outer = if amx { OUT_ROWS } else { step };
+            for r0 in (p0..p1).step_by(outer) {
+                let rows = outer.min(p1 - r0);
+                if amx && rows == OUT_ROWS {
+                    // SAFETY: `Kernel::Amx` was found on this CPU (AMX granted, AVX-512 F
+                    // beside it); rows `r0..r0 + 16` are `a`'s; `pair` was decoded above from
+                    // two groups of `w`.
                     #[cfg(target_arch = "x86_64")]
-                    (Kernel::Avx2, _) if decoded => unsafe {
-                        super::kcells_x86::tile_decoded(a, r0, rows, w, g, &runs, &mut out)
-                    },
-                    // SAFETY: `Kernel::detect` (or `supported`) found AVX2, FMA and F16C for
-                    // these kernels (and AVX-512 BW, VL and VNNI for `Vnni512`, the only one
-                    // taking pairs); rows are `a`'s, at most `tile_rows`; `g` (and `g + 1` for
-                    // a pair) are groups of `w`.
-                    #[cfg(target_arch = "x86_64")]
-                    (_, 2) => unsafe { super::kcells_x86::tile_pair(a, r0, rows, w, g, &mut out) },
-                    #[cfg(target_arch = "x86_64")]
-                    _ => unsafe { super::kcells_x86::tile(kernel, a, r0, rows, w, g, &mut out) },
+                    unsafe {
+                        super::kcells_amx::tile_pair(a, r0, w, &pair, &mut out)
+                    };
+                } else {
+                    for t0 in (r0..r0 + rows).step_by(step) {
+                        let (n, out) = (step.min(r0 + rows - t0), &mut out[(t0 - r0) * lanes..]);
+                        match (kernel, groups) {
+                            (Kernel::Portable, _) => portable(a, t0, n, w, g, out),
+                            // SAFETY: as below; `runs` are group `g`'s, decoded above.
+                            #[cfg(target_arch = "x86_64")]
+                            (Kernel::Avx2, _) if decoded => unsafe {
+                                super::kcells_x86::tile_decoded(a, t0, n, w, g, &runs, out)
+                            },
+                            // SAFETY: `Kernel::detect` (or `supported`) found AVX2, FMA and F16C
+                            // for these kernels (and AVX-512 BW, VL and VNNI for `Vnni512`, the
+                            // only one taking pairs); rows are `a`'s, at most `tile_rows`; `g`
+                            // (and `g + 1` for a pair) are groups of `w`.
+                            #[cfg(target_arch = "x86_64")]
+                            (_, 2) => unsafe { super::kcells_x86::tile_pair(a, t0, n, w, g, out) },
+                            #[cfg(target_arch = "x86_64")]
+                            _ => unsafe { super::kcells_x86::tile(kernel, a, t0, n, w, g, out) },
+                        }
+                    }
                 }
-                let lanes = groups * GROUP;
                 let first = (g - g0) * GROUP;
                 let width = lanes.min(cols - first);
                 for r in 0..rows {

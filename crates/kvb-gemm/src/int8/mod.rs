@@ -18,6 +18,9 @@
 //! times the sum of the row's block integers. The vector kernels (AVX-512 VNNI in [`avx512`],
 //! AVX2 in [`avx2`]) and the portable loop ([`products`]) compute exactly these, so they give
 //! the same bits, and a sequence decoded in a batch of 16 gets what it gets alone (`tests`).
+//! Where Intel AMX runs ([`crate::CpuFeatures::amx_int8`]), 16 rows by K-quant cells with
+//! sub-blocks of 32 rows take tile products for the integer sums (`kcells_amx`), then the
+//! same float steps.
 //!
 //! Weights: every [`crate::packed::PackedMatrix`] of integer cells of 32 rows (Q4_0, Q4_1, Q8_0,
 //! and `--weights q8_0`), re-laid out for `vpdpbusd` ([`IntDotMatrix`]), and K-quant cells
@@ -35,6 +38,8 @@ mod rows;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod kcells_amx;
 #[cfg(target_arch = "x86_64")]
 mod kcells_x86;
 

@@ -25,6 +25,10 @@ pub(super) enum Kernel {
     /// AVX-512 with VNNI and BW: `vpdpbusd` on 16 lanes.
     #[cfg(target_arch = "x86_64")]
     Vnni512,
+    /// [`Kernel::Vnni512`], with AMX's tile products for K-quant cells by 16 rows at a time
+    /// (a prefill: [`super::kcells_amx`]).
+    #[cfg(target_arch = "x86_64")]
+    Amx,
 }
 
 impl Kernel {
@@ -40,10 +44,20 @@ impl Kernel {
     /// Whether the kernel takes two groups of columns per call.
     fn pairs(self) -> bool {
         #[cfg(target_arch = "x86_64")]
-        if self == Kernel::Vnni512 {
+        if self.vector() == Kernel::Vnni512 {
             return true;
         }
         false
+    }
+
+    /// The kernel without AMX's tiles: what runs where they do not (the quantizer, the
+    /// re-laid matrices, tiles of fewer rows).
+    pub(super) fn vector(self) -> Kernel {
+        #[cfg(target_arch = "x86_64")]
+        if self == Kernel::Amx {
+            return Kernel::Vnni512;
+        }
+        self
     }
 
     /// Every kernel this CPU runs (tests compare them).
@@ -66,14 +80,17 @@ impl Kernel {
             }
             if features.avx512bw && features.avx512vnni && features.f16c {
                 all.push(Kernel::Vnni512);
+                if features.avx512vl && features.amx_int8 {
+                    all.push(Kernel::Amx);
+                }
             }
         }
         all
     }
 }
 
-/// The instructions the 8-bit products run on here, for messages: `AVX-512 VNNI`, `AVX2`, or
-/// `portable loops (slow)`.
+/// The instructions the 8-bit products run on here, for messages: `AMX and AVX-512 VNNI`,
+/// `AVX-512 VNNI`, `AVX2`, or `portable loops (slow)`.
 pub fn kernel_name() -> &'static str {
     match Kernel::detect() {
         Kernel::Portable => "portable loops (slow)",
@@ -81,6 +98,8 @@ pub fn kernel_name() -> &'static str {
         Kernel::Avx2 => "AVX2",
         #[cfg(target_arch = "x86_64")]
         Kernel::Vnni512 => "AVX-512 VNNI",
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Amx => "AMX and AVX-512 VNNI",
     }
 }
 
@@ -113,6 +132,8 @@ pub(super) fn columns(
     if let Some(cells) = &w.kcells {
         return super::kcells::columns(a, cells, kernel, j0, cols, tile);
     }
+    // AMX's tiles serve K-quant cells only.
+    let kernel = kernel.vector();
     let (g0, g1) = (j0 / LANES, (j0 + cols).div_ceil(LANES));
     let mut out = [0f32; MAX_TILE_ROWS * LANES];
     for p0 in (0..a.m).step_by(ROWS_PER_PASS) {
@@ -148,6 +169,8 @@ pub(super) fn columns(
                     // SAFETY: as above, with AVX2, FMA and F16C (`detect`), one group.
                     #[cfg(target_arch = "x86_64")]
                     Kernel::Avx2 => unsafe { super::avx2::tile(a, r0, rows, w, g, &mut out) },
+                    #[cfg(target_arch = "x86_64")]
+                    Kernel::Amx => unreachable!("`vector` takes the tiles off"),
                 }
                 for j in 0..groups {
                     let first = (g + j - g0) * LANES;

@@ -154,12 +154,13 @@ fn quantize_block(kernel: Kernel, x: &[f32], q: &mut [i8]) -> (f32, i32) {
     let _ = kernel;
     #[cfg(target_arch = "x86_64")]
     if x.len() == BLOCK && q.len() == BLOCK {
-        match kernel {
+        match kernel.vector() {
             // SAFETY: the VNNI kernel's CPU has AVX-512F; both slices hold one block.
             Kernel::Vnni512 => return unsafe { quantize_block_avx512(x, q) },
             // SAFETY: the AVX2 kernel's CPU has AVX2; both slices hold one block.
             Kernel::Avx2 => return unsafe { quantize_block_avx2(x, q) },
             Kernel::Portable => {}
+            Kernel::Amx => unreachable!("`vector` takes the tiles off"),
         }
     }
     quantize_block_portable(x, q)

@@ -293,10 +293,11 @@ proptest! {
             let mut qv = [0i8; BLOCK];
             // SAFETY: each runs only where `supported` found its kernel's instructions (AVX2;
             // AVX-512F for VNNI); both slices hold one block.
-            let vector = match kernel {
+            let vector = match kernel.vector() {
                 Kernel::Portable => continue,
                 Kernel::Avx2 => unsafe { super::rows::quantize_block_avx2(&values, &mut qv) },
                 Kernel::Vnni512 => unsafe { super::rows::quantize_block_avx512(&values, &mut qv) },
+                Kernel::Amx => unreachable!("`vector` takes the tiles off"),
             };
             prop_assert_eq!(portable.0.to_bits(), vector.0.to_bits(), "{:?}", kernel);
             prop_assert_eq!(portable.1, vector.1, "{:?}", kernel);
