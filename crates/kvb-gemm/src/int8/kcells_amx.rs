@@ -13,9 +13,9 @@
 //! are read [`LAG`] sub-blocks after the tiles store them, so the float steps of one overlap
 //! the tile products of the next (bench/results/2026-12-08-amx-tiles).
 
+use super::kcells_x86::PairCells;
 use super::{QuantizedRows, BLOCK};
 use crate::amx::TileConfig;
-use crate::packed::kcells::avx2::bytes;
 use crate::packed::kcells::{self, kind, of_kind, Layout, KIND_IQ4XS, KIND_Q4K, KIND_Q5K, ROWS};
 use crate::packed::{CellValues, PackedMatrix, GROUP};
 use std::arch::asm;
@@ -77,31 +77,15 @@ pub(super) unsafe fn decode_pair(w: &PackedMatrix, g: usize, into: &mut DecodedP
     }
 }
 
-/// Two 256-bit halves as one 512-bit register (`a` low).
-#[inline(always)]
-unsafe fn join(a: __m256i, b: __m256i) -> __m512i {
-    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b)
-}
-
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw")]
 unsafe fn decode<const K: u8>(
     k: usize,
     (cells_a, cells_b): (*const u8, *const u8),
     into: &mut DecodedPair,
 ) {
-    let values = of_kind(K);
-    let at = Layout::of(values);
-    let signed = kcells::signed(values);
-    let sub = at.sub_rows;
-    let iq4 = _mm512_broadcast_i32x4(_mm_loadu_si128(
-        kcells::IQ4_STORED.as_ptr() as *const __m128i
-    ));
-    let cell_bytes = values.cell_bytes(ROWS);
-    let low = _mm512_set1_epi8(0x0f);
-    let fifth = _mm512_set1_epi8(0x10);
-    // As the VNNI kernel's, per 256-bit half.
-    let q5_shift = _mm512_setr_epi64(0, 1, 2, 3, 0, 1, 2, 3);
-    let sign = _mm512_set1_epi32(i32::MIN);
+    let sub = Layout::of(of_kind(K)).sub_rows;
+    let cell_bytes = of_kind(K).cell_bytes(ROWS);
+    let cells = PairCells::new();
     into.runs.clear();
     into.scales.clear();
     into.offsets.clear();
@@ -110,54 +94,15 @@ unsafe fn decode<const K: u8>(
     into.scales.reserve(k / sub);
     into.offsets.reserve(k / sub);
     for c in 0..k / ROWS {
-        let (ca, cb) = (cells_a.add(c * cell_bytes), cells_b.add(c * cell_bytes));
-        let halves_ph = |p: usize| {
-            _mm512_cvtph_ps(_mm256_set_m128i(
-                _mm_loadu_si128(cb.add(p) as *const __m128i),
-                _mm_loadu_si128(ca.add(p) as *const __m128i),
-            ))
-        };
-        let (d, dmin) = (halves_ph(0), halves_ph(at.dmin));
+        let pair = (cells_a.add(c * cell_bytes), cells_b.add(c * cell_bytes));
+        let heads = cells.heads::<K>(pair);
         for s in 0..ROWS / sub {
-            let both = |p: usize, signed: bool| {
-                _mm512_cvtepi32_ps(join(bytes(ca.add(p), signed), bytes(cb.add(p), signed)))
-            };
-            into.scales
-                .push(_mm512_mul_ps(d, both(at.sc + s * GROUP, signed)));
-            into.offsets.push(if signed {
-                _mm512_castsi512_ps(sign)
-            } else {
-                let m = _mm512_mul_ps(dmin, both(at.m + s * GROUP, false));
-                _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(m), sign))
-            });
+            let (scale, offset) = cells.sub_scales::<K>(pair, heads, s);
+            into.scales.push(scale);
+            into.offsets.push(offset);
         }
         for r8 in (0..ROWS).step_by(8) {
-            let nib = at.nibbles + r8 / 2 * GROUP;
-            let v = join(
-                _mm256_loadu_si256(ca.add(nib) as *const __m256i),
-                _mm256_loadu_si256(cb.add(nib) as *const __m256i),
-            );
-            let mut rows03 = _mm512_and_si512(v, low);
-            let mut rows47 = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
-            let high = match values {
-                CellValues::Q5K => {
-                    let word = |p: *const u8| {
-                        _mm256_set1_epi64x((p.add(at.high + r8) as *const i64).read_unaligned())
-                    };
-                    Some((_mm512_srlv_epi64(join(word(ca), word(cb)), q5_shift), fifth))
-                }
-                CellValues::IQ4XS => {
-                    rows03 = _mm512_shuffle_epi8(iq4, rows03);
-                    rows47 = _mm512_shuffle_epi8(iq4, rows47);
-                    None
-                }
-                _ => None,
-            };
-            if let Some((high, top)) = high {
-                let low_rows = _mm512_and_si512(_mm512_slli_epi16::<4>(high), top);
-                rows03 = _mm512_or_si512(rows03, low_rows);
-                rows47 = _mm512_or_si512(rows47, _mm512_and_si512(high, top));
-            }
+            let [rows03, rows47] = cells.run::<K>(pair, r8);
             let at = into.runs.len();
             let lines = into.runs.spare_capacity_mut().as_mut_ptr() as *mut __m512i;
             _mm512_store_si512(lines, rows03);

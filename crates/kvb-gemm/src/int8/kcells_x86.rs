@@ -424,8 +424,143 @@ pub(super) unsafe fn tile_pair(
 
 /// Two 256-bit halves as one 512-bit register (`a` low).
 #[inline(always)]
-unsafe fn join(a: __m256i, b: __m256i) -> __m512i {
+pub(super) unsafe fn join(a: __m256i, b: __m256i) -> __m512i {
     _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b)
+}
+
+/// Two cells' values as 16 lanes (the first cell's 8 low): what the two-group VNNI tile and
+/// AMX's tiles ([`super::kcells_amx`]) read, decoded as [`dot_run`] decodes one.
+pub(super) struct PairCells {
+    /// IQ4_XS's table entries plus 128, which its nibbles index.
+    iq4: __m512i,
+    low: __m512i,
+    fifth: __m512i,
+    top: __m512i,
+    /// As [`dot_run`]'s shifts, per 256-bit half.
+    q5_shift: __m512i,
+    q6_shift: __m512i,
+    sign: __m512i,
+}
+
+impl PairCells {
+    /// # Safety
+    /// The CPU has AVX-512 F and BW.
+    #[inline(always)]
+    pub(super) unsafe fn new() -> PairCells {
+        PairCells {
+            iq4: _mm512_broadcast_i32x4(_mm_loadu_si128(
+                kcells::IQ4_STORED.as_ptr() as *const __m128i
+            )),
+            low: _mm512_set1_epi8(0x0f),
+            fifth: _mm512_set1_epi8(0x10),
+            top: _mm512_set1_epi8(0x30),
+            q5_shift: _mm512_setr_epi64(0, 1, 2, 3, 0, 1, 2, 3),
+            q6_shift: _mm512_setr_epi64(0, 0, 2, 2, 0, 0, 2, 2),
+            sign: _mm512_set1_epi32(i32::MIN),
+        }
+    }
+
+    /// Sub-block `s`'s 16 scales `d * sc` and offsets `-(dmin * m)` (`-0.0` for the signed
+    /// kinds), from the cells' `d` and `dmin` in f32.
+    ///
+    /// # Safety
+    /// AVX-512 F and F16C are present; `ca` and `cb` point at whole cells of kind `K`.
+    #[inline(always)]
+    pub(super) unsafe fn sub_scales<const K: u8>(
+        &self,
+        (ca, cb): (*const u8, *const u8),
+        (d, dmin): (__m512, __m512),
+        s: usize,
+    ) -> (__m512, __m512) {
+        let at = Layout::of(of_kind(K));
+        let signed = kcells::signed(of_kind(K));
+        let both = |p: usize, signed: bool| {
+            _mm512_cvtepi32_ps(join(bytes(ca.add(p), signed), bytes(cb.add(p), signed)))
+        };
+        let scale = _mm512_mul_ps(d, both(at.sc + s * GROUP, signed));
+        let offset = if signed {
+            _mm512_castsi512_ps(self.sign)
+        } else {
+            let m = _mm512_mul_ps(dmin, both(at.m + s * GROUP, false));
+            _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(m), self.sign))
+        };
+        (scale, offset)
+    }
+
+    /// The cells' `d` and `dmin` (the signed kinds' second is unused) in f32.
+    ///
+    /// # Safety
+    /// As [`Self::sub_scales`].
+    #[inline(always)]
+    pub(super) unsafe fn heads<const K: u8>(
+        &self,
+        (ca, cb): (*const u8, *const u8),
+    ) -> (__m512, __m512) {
+        let halves_ph = |p: usize| {
+            _mm512_cvtph_ps(_mm256_set_m128i(
+                _mm_loadu_si128(cb.add(p) as *const __m128i),
+                _mm_loadu_si128(ca.add(p) as *const __m128i),
+            ))
+        };
+        (halves_ph(0), halves_ph(Layout::of(of_kind(K)).dmin))
+    }
+
+    /// Run `r8` (a multiple of 8) of both cells: rows 0-3 of the 16 lanes, 4 per 32-bit lane,
+    /// and rows 4-7, as stored (Q6_K's unsigned; IQ4_XS's its table's entries plus 128).
+    ///
+    /// # Safety
+    /// As [`Self::sub_scales`], with the cells in dot order.
+    #[inline(always)]
+    pub(super) unsafe fn run<const K: u8>(
+        &self,
+        (ca, cb): (*const u8, *const u8),
+        r8: usize,
+    ) -> [__m512i; 2] {
+        let at = Layout::of(of_kind(K));
+        let nib = at.nibbles + r8 / 2 * GROUP;
+        let v = join(
+            _mm256_loadu_si256(ca.add(nib) as *const __m256i),
+            _mm256_loadu_si256(cb.add(nib) as *const __m256i),
+        );
+        // Cells in dot order, as [`dot_run`] reads them: rows 0-3 of each lane in the
+        // low nibbles, rows 4-7 in the high ones.
+        let mut rows03 = _mm512_and_si512(v, self.low);
+        let mut rows47 = _mm512_and_si512(_mm512_srli_epi16::<4>(v), self.low);
+        let high = match of_kind(K) {
+            CellValues::Q5K => {
+                let word = |p: *const u8| {
+                    _mm256_set1_epi64x((p.add(at.high + r8) as *const i64).read_unaligned())
+                };
+                Some((
+                    _mm512_srlv_epi64(join(word(ca), word(cb)), self.q5_shift),
+                    self.fifth,
+                ))
+            }
+            CellValues::Q6K => {
+                let pairs = |p: *const u8| {
+                    _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                        p.add(at.high + r8 / 4 * GROUP) as *const __m128i
+                    ))
+                };
+                Some((
+                    _mm512_srlv_epi64(join(pairs(ca), pairs(cb)), self.q6_shift),
+                    self.top,
+                ))
+            }
+            CellValues::IQ4XS => {
+                rows03 = _mm512_shuffle_epi8(self.iq4, rows03);
+                rows47 = _mm512_shuffle_epi8(self.iq4, rows47);
+                None
+            }
+            _ => None,
+        };
+        if let Some((high, top)) = high {
+            let low_rows = _mm512_and_si512(_mm512_slli_epi16::<4>(high), top);
+            rows03 = _mm512_or_si512(rows03, low_rows);
+            rows47 = _mm512_or_si512(rows47, _mm512_and_si512(high, top));
+        }
+        [rows03, rows47]
+    }
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -442,90 +577,31 @@ unsafe fn run_vnni_pair<const R: usize, const K: u8>(
     );
     let at = Layout::of(values);
     let signed = kcells::signed(values);
-    // IQ4_XS's nibbles index its table's entries plus 128 (the bytes `run_of` gives).
-    let iq4 = _mm512_broadcast_i32x4(_mm_loadu_si128(
-        kcells::IQ4_STORED.as_ptr() as *const __m128i
-    ));
+    let pair = PairCells::new();
     let cell_bytes = values.cell_bytes(ROWS);
     let (k, blocks) = (a.k, a.k / BLOCK);
-    let low = _mm512_set1_epi8(0x0f);
-    let (fifth, top) = (_mm512_set1_epi8(0x10), _mm512_set1_epi8(0x30));
-    // As [`dot_run`]'s, per 256-bit half.
-    let q5_shift = _mm512_setr_epi64(0, 1, 2, 3, 0, 1, 2, 3);
-    let q6_shift = _mm512_setr_epi64(0, 0, 2, 2, 0, 0, 2, 2);
-    let sign = _mm512_set1_epi32(i32::MIN);
     let x = a.q.as_ptr().add(r0 * k) as *const u8;
     let mut y = [_mm512_setzero_ps(); R];
     let subs = ROWS / at.sub_rows;
     let lines_per_sub = cell_bytes.div_ceil(64).div_ceil(subs);
     for c in 0..k / ROWS {
-        let (ca, cb) = (cells_a.add(c * cell_bytes), cells_b.add(c * cell_bytes));
+        let cells = (cells_a.add(c * cell_bytes), cells_b.add(c * cell_bytes));
         let (ahead_a, ahead_b) = (
-            ca.wrapping_add(AHEAD * cell_bytes),
-            cb.wrapping_add(AHEAD * cell_bytes),
+            cells.0.wrapping_add(AHEAD * cell_bytes),
+            cells.1.wrapping_add(AHEAD * cell_bytes),
         );
-        let halves_ph = |p: usize| {
-            _mm512_cvtph_ps(_mm256_set_m128i(
-                _mm_loadu_si128(cb.add(p) as *const __m128i),
-                _mm_loadu_si128(ca.add(p) as *const __m128i),
-            ))
-        };
-        let (d, dmin) = (halves_ph(0), halves_ph(at.dmin));
+        let heads = pair.heads::<K>(cells);
         for s in 0..subs {
             for line in s * lines_per_sub..(s + 1) * lines_per_sub {
                 _mm_prefetch::<_MM_HINT_T0>(ahead_a.wrapping_add(line * 64) as *const i8);
                 _mm_prefetch::<_MM_HINT_T0>(ahead_b.wrapping_add(line * 64) as *const i8);
             }
-            let both = |p: usize, signed: bool| {
-                _mm512_cvtepi32_ps(join(bytes(ca.add(p), signed), bytes(cb.add(p), signed)))
-            };
-            let scale = _mm512_mul_ps(d, both(at.sc + s * GROUP, signed));
-            let offset = if signed {
-                _mm512_castsi512_ps(sign)
-            } else {
-                let m = _mm512_mul_ps(dmin, both(at.m + s * GROUP, false));
-                _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(m), sign))
-            };
+            let (scale, offset) = pair.sub_scales::<K>(cells, heads, s);
             let mut sums = [_mm512_setzero_si512(); R];
             let mut last = [_mm512_setzero_si512(); R];
             for run in 0..at.sub_rows / 8 {
                 let r8 = s * at.sub_rows + run * 8;
-                let nib = at.nibbles + r8 / 2 * GROUP;
-                let v = join(
-                    _mm256_loadu_si256(ca.add(nib) as *const __m256i),
-                    _mm256_loadu_si256(cb.add(nib) as *const __m256i),
-                );
-                // Cells in dot order, as [`dot_run`] reads them: rows 0-3 of each lane in the
-                // low nibbles, rows 4-7 in the high ones.
-                let mut rows03 = _mm512_and_si512(v, low);
-                let mut rows47 = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
-                let high = match values {
-                    CellValues::Q5K => {
-                        let word = |p: *const u8| {
-                            _mm256_set1_epi64x((p.add(at.high + r8) as *const i64).read_unaligned())
-                        };
-                        Some((_mm512_srlv_epi64(join(word(ca), word(cb)), q5_shift), fifth))
-                    }
-                    CellValues::Q6K => {
-                        let pairs = |p: *const u8| {
-                            _mm256_broadcastsi128_si256(_mm_loadu_si128(
-                                p.add(at.high + r8 / 4 * GROUP) as *const __m128i,
-                            ))
-                        };
-                        Some((_mm512_srlv_epi64(join(pairs(ca), pairs(cb)), q6_shift), top))
-                    }
-                    CellValues::IQ4XS => {
-                        rows03 = _mm512_shuffle_epi8(iq4, rows03);
-                        rows47 = _mm512_shuffle_epi8(iq4, rows47);
-                        None
-                    }
-                    _ => None,
-                };
-                if let Some((high, top)) = high {
-                    let low_rows = _mm512_and_si512(_mm512_slli_epi16::<4>(high), top);
-                    rows03 = _mm512_or_si512(rows03, low_rows);
-                    rows47 = _mm512_or_si512(rows47, _mm512_and_si512(high, top));
-                }
+                let [rows03, rows47] = pair.run::<K>(cells, r8);
                 for i in 0..R {
                     let at = x.add(i * k + c * ROWS + r8) as *const i32;
                     let x03 = _mm512_set1_epi32(at.read_unaligned());
