@@ -127,7 +127,7 @@ pub(super) fn columns(
                     // two groups of `w`.
                     #[cfg(target_arch = "x86_64")]
                     unsafe {
-                        super::kcells_amx::tile_pair(a, r0, w, &pair, &mut out)
+                        super::kcells_amx::tile_pair(a, r0, w, &mut pair, &mut out)
                     };
                 } else {
                     for t0 in (r0..r0 + rows).step_by(step) {

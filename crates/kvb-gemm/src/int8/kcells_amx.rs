@@ -40,6 +40,9 @@ pub(super) struct DecodedPair {
     runs: Vec<Line>,
     scales: Vec<__m512>,
     offsets: Vec<__m512>,
+    /// The ring the tile products store their sums in, 16 lines a sub-block ([`RING`] of them):
+    /// made once per task, each line written by the tiles before the float steps read it.
+    sums: Vec<Line>,
 }
 
 impl DecodedPair {
@@ -48,6 +51,7 @@ impl DecodedPair {
             runs: Vec::new(),
             scales: Vec::new(),
             offsets: Vec::new(),
+            sums: vec![Line([0; 64]); RING * TILE_ROWS],
         }
     }
 }
@@ -122,7 +126,7 @@ pub(super) unsafe fn tile_pair(
     a: &QuantizedRows,
     r0: usize,
     w: &PackedMatrix,
-    pair: &DecodedPair,
+    pair: &mut DecodedPair,
     out: &mut [f32],
 ) {
     let values = w.cell_values();
@@ -146,7 +150,7 @@ pub(super) unsafe fn tile_pair(
 /// [`tile_pair`] for cells of kind `K` (Q4_K's steps serve Q5_K's: the same sub-blocks and
 /// float steps once decoded; IQ4_XS's are signed, with no offsets).
 #[target_feature(enable = "avx512f")]
-unsafe fn run<const K: u8>(a: &QuantizedRows, r0: usize, pair: &DecodedPair, out: &mut [f32]) {
+unsafe fn run<const K: u8>(a: &QuantizedRows, r0: usize, pair: &mut DecodedPair, out: &mut [f32]) {
     let values = of_kind(K);
     let signed = kcells::signed(values);
     let sub = Layout::of(values).sub_rows;
@@ -161,9 +165,7 @@ unsafe fn run<const K: u8>(a: &QuantizedRows, r0: usize, pair: &DecodedPair, out
     let config = TileConfig::new(&[
         shapes[0], shapes[1], shapes[2], shapes[0], shapes[1], shapes[2],
     ]);
-    // Written by the tiles before the float steps read them.
-    let mut sums = std::mem::MaybeUninit::<[[Line; TILE_ROWS]; RING]>::uninit();
-    let sums = &mut *sums.as_mut_ptr();
+    let sums = &mut pair.sums;
     let x = a.q.as_ptr().add(r0 * k);
     let runs = pair.runs.as_ptr();
     let mut y = [_mm512_setzero_ps(); TILE_ROWS];
@@ -172,29 +174,31 @@ unsafe fn run<const K: u8>(a: &QuantizedRows, r0: usize, pair: &DecodedPair, out
     for j in 0..subs + LAG {
         if j < subs {
             let row0 = j * sub;
-            let (x, runs, sums) = (x.add(row0), runs.add(row0 / 4), sums[j % RING].as_mut_ptr());
+            let (x, runs, sums) = (
+                x.add(row0),
+                runs.add(row0 / 4),
+                sums[j % RING * TILE_ROWS..].as_mut_ptr(),
+            );
+            // One tile set (sums, integers, runs) or the other, named in the instructions.
+            macro_rules! tile_step {
+                ($c:literal, $a:literal, $b:literal) => {
+                    asm!(
+                        concat!("tilezero ", $c),
+                        concat!("tileloadd ", $a, ", [{x} + {k}]"),
+                        concat!("tileloadd ", $b, ", [{runs} + {line}]"),
+                        concat!("tdpbsud ", $c, ", ", $a, ", ", $b),
+                        concat!("tilestored [{sums} + {line}], ", $c),
+                        x = in(reg) x, k = in(reg) k, runs = in(reg) runs, sums = in(reg) sums,
+                        line = in(reg) 64usize, options(nostack),
+                    )
+                };
+            }
             // SAFETY: tiles as configured above: 16 rows of `sub` integers at stride k from
-            // row r0's `row0` (inside `a`), the sub-block's decoded runs, its sums.
+            // row r0's `row0` (inside `a`), the sub-block's decoded runs, its 16 sums' lines.
             if j % 2 == 0 {
-                asm!(
-                    "tilezero tmm0",
-                    "tileloadd tmm1, [{x} + {k}]",
-                    "tileloadd tmm2, [{runs} + {line}]",
-                    "tdpbsud tmm0, tmm1, tmm2",
-                    "tilestored [{sums} + {line}], tmm0",
-                    x = in(reg) x, k = in(reg) k, runs = in(reg) runs, sums = in(reg) sums,
-                    line = in(reg) 64usize, options(nostack),
-                );
+                tile_step!("tmm0", "tmm1", "tmm2");
             } else {
-                asm!(
-                    "tilezero tmm3",
-                    "tileloadd tmm4, [{x} + {k}]",
-                    "tileloadd tmm5, [{runs} + {line}]",
-                    "tdpbsud tmm3, tmm4, tmm5",
-                    "tilestored [{sums} + {line}], tmm3",
-                    x = in(reg) x, k = in(reg) k, runs = in(reg) runs, sums = in(reg) sums,
-                    line = in(reg) 64usize, options(nostack),
-                );
+                tile_step!("tmm3", "tmm4", "tmm5");
             }
         }
         if j < LAG {
@@ -202,7 +206,7 @@ unsafe fn run<const K: u8>(a: &QuantizedRows, r0: usize, pair: &DecodedPair, out
         }
         // The float steps of sub-block `j - LAG`, the VNNI kernel's.
         let done = j - LAG;
-        let (row0, sums) = (done * sub, &sums[done % RING]);
+        let (row0, sums) = (done * sub, &sums[done % RING * TILE_ROWS..]);
         let (scale, offset) = (pair.scales[done], pair.offsets[done]);
         // Unrolled, so that the outputs stay in registers.
         macro_rules! step {
